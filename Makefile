@@ -1,0 +1,48 @@
+# neuronmodel — the two commands that matter are `make run` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Where heavy, machine-wide artifacts live (converted models, Kubernetes binaries): never in the repo.
+export NEURONMODEL_CACHE ?= $(HOME)/.cache/neuronmodel
+
+.PHONY: run test test-fast lint bench env default-model tiny-models clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[runtime,operator,convert,dev]'
+	touch $(STAMP)
+
+env: $(STAMP)
+
+## The embedded default model (SmolLM2-135M-Instruct), converted once into $(NEURONMODEL_CACHE)/models/.
+default-model: $(STAMP)
+	$(PY) scripts/fetch_default_model.py
+
+## Serve the embedded default model on 127.0.0.1:8000.
+run: default-model
+	$(VENV)/bin/neuronmodel-runtime serve
+
+## Every test: unit, parity, live server, import layering.
+test: default-model
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not smollm2"
+
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+## Every benchmark; each prints one JSON line per figure.
+bench: default-model
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+## Re-create the committed tiny test models (deterministic; minutes on 2 cores).
+tiny-models: $(STAMP)
+	$(PY) scripts/make_tiny_models.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

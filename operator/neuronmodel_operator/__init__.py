@@ -1,0 +1,1 @@
+"""The NeuronModel Kubernetes operator (kopf). Built in the operator issue; see DESIGN.md."""

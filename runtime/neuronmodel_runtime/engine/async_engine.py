@@ -1,0 +1,215 @@
+"""The asyncio front of the engine.
+
+The step loop runs on its own thread (a runner step is seconds of tensor work that must not block the event
+loop); requests and aborts reach it through a locked inbox, and each request's outputs come back through
+`loop.call_soon_threadsafe` into that request's `asyncio.Queue`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any, Optional
+
+from neuronmodel_runtime.engine.engine import Engine
+from neuronmodel_runtime.engine.outputs import FINISH_ERROR, EngineStats, RequestOutput
+from neuronmodel_runtime.engine.request import Request
+from neuronmodel_runtime.runners.base import RunnerCapacity
+from neuronmodel_runtime.sampling.params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests are waiting for a slot; the client should retry after `retry_after` seconds."""
+
+    def __init__(self, max_queue: int, retry_after: float = 1.0):
+        super().__init__(f"the server is at capacity ({max_queue} requests waiting); retry later")
+        self.retry_after = retry_after
+
+
+class EngineNotRunning(RuntimeError):
+    """The engine is loading, draining for shutdown, or stopped."""
+
+
+class RequestStream:
+    """Async iterator over one request's outputs; the last one has `finished=True`."""
+
+    def __init__(self, request_id: str, owner: "AsyncEngine"):
+        self.request_id = request_id
+        self._owner = owner
+        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.finished = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        out = await self._queue.get()
+        self.finished = out.finished
+        return out
+
+    def abort(self) -> None:
+        """Stop generating and free the slot (client gone, timeout); a no-op once finished."""
+        if not self.finished:
+            self._owner.abort(self.request_id)
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        tokenizer: Any,
+        model_name: str,
+        max_queue: int,
+        info: Optional[dict[str, Any]] = None,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer  # a transformers tokenizer (chat template, encode)
+        self.model_name = model_name
+        self.max_queue = max_queue
+        self._info = info or {}
+        self._streams: dict[str, RequestStream] = {}
+        self._inbox: list[Request] = []
+        self._aborts: list[str] = []
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._accepting = False
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # -- facts the server reads -------------------------------------------------------------------------
+    @property
+    def capacity(self) -> RunnerCapacity:
+        return self.engine.capacity
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.engine.eos_token_ids
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def ready(self) -> bool:
+        return self.alive and self._accepting
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._streams)
+
+    def stats(self) -> EngineStats:
+        stats = self.engine.stats
+        stats.num_waiting = self.engine.scheduler.num_waiting + len(self._inbox)
+        stats.num_running = self.engine.scheduler.num_running
+        return stats
+
+    def info(self) -> dict[str, Any]:
+        return {**self._info, "runner": self.engine.runner.info()}
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the step thread; call from the event loop that will consume the streams."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
+        self._thread.start()
+        self._accepting = True
+
+    def stop_accepting(self) -> None:
+        self._accepting = False
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until every accepted request finished; False if `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        while self._streams:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def shutdown(self) -> None:
+        self._accepting = False
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        self.engine.runner.shutdown()
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        """Accept a request (from the event loop); raises QueueFullError or EngineNotRunning."""
+        if not self.ready:
+            raise EngineNotRunning("the server is not accepting requests (loading or shutting down)")
+        if request_id in self._streams:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        request = self.engine.make_request(request_id, prompt_ids, params)
+        stream = RequestStream(request_id, self)
+        with self._cv:
+            waiting = self.engine.scheduler.num_waiting + len(self._inbox)
+            free = self.capacity.max_num_seqs - self.engine.scheduler.num_running
+            if waiting - free >= self.max_queue:
+                raise QueueFullError(self.max_queue)
+            self._streams[request_id] = stream
+            self._inbox.append(request)
+            self._cv.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        with self._cv:
+            self._aborts.append(request_id)
+            self._cv.notify()
+
+    # -- the step thread --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stopping or self._inbox or self._aborts or self.engine.has_work):
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                inbox, self._inbox = self._inbox, []
+                aborts, self._aborts = self._aborts, []
+            for request in inbox:
+                self.engine.add(request)
+            if aborts:
+                self.engine.abort(aborts)
+            try:
+                self.engine.step(self._emit)
+            except Exception:  # a bug, not bad input: fail what is in flight, keep the loop alive
+                log.exception("engine step failed; failing in-flight requests")
+                self._fail_all()
+        with self._cv:
+            for request in self._inbox:
+                self.engine.add(request)
+            self._inbox = []
+        self._fail_all()
+
+    def _fail_all(self) -> None:
+        sched = self.engine.scheduler
+        victims = [*sched.waiting, *sched.running.values()]
+        sched.abort([r.request_id for r in victims], reason=FINISH_ERROR)
+        sched.schedule()  # releases their slots
+        for req in victims:
+            if req.slot is not None:
+                self.engine.runner.release(req.slot)
+        self._emit([req.take_output() for req in victims if req.finished])
+
+    def _emit(self, outputs: list[RequestOutput]) -> None:
+        if outputs and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+            stream._queue.put_nowait(out)

@@ -1,0 +1,91 @@
+"""Incremental detokenization and stop-string matching.
+
+Decoding token by token is wrong for byte-level tokenizers: one character may span several tokens (UTF-8), and
+SentencePiece drops a leading space when a token is decoded alone. So each step decodes a short window that ends
+at the newest token and emits only what the window adds over its previous decode; a window ending in an
+incomplete character (U+FFFD) waits for the next token. Stop strings may span tokens, so the stream holds back
+text that could still become the start of a stop string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence
+
+REPLACEMENT_CHAR = "\ufffd"
+#: Tokens of context decoded before the new ones, so merges and leading spaces come out right.
+CONTEXT_TOKENS = 5
+
+
+class Decoder(Protocol):
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+@dataclass
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas."""
+
+    tokenizer: Decoder
+    ids: list[int]  # prompt ids then output ids (the prompt gives the first window its context)
+    prefix_offset: int = 0  # window start: context tokens already emitted
+    read_offset: int = 0  # tokens before this index have been emitted as text
+
+    @classmethod
+    def for_prompt(cls, tokenizer: Decoder, prompt_ids: Sequence[int]) -> "IncrementalDetokenizer":
+        ids = list(prompt_ids)
+        return cls(tokenizer, ids, max(len(ids) - CONTEXT_TOKENS, 0), len(ids))
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the text it completes (may be empty)."""
+        self.ids.append(token_id)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """At the end of generation: whatever is pending, even an incomplete character."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        if self.read_offset >= len(self.ids):
+            return ""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        text = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+        if not final and (len(text) <= len(prefix) or text.endswith(REPLACEMENT_CHAR)):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+@dataclass
+class StopStringMatcher:
+    """Finds stop strings in generated text and decides how much text is safe to emit."""
+
+    stops: tuple[str, ...]
+    text: str = ""  # all generated text so far (up to and excluding a matched stop string)
+    emitted: int = 0  # characters of `text` already handed out
+    _hold: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def feed(self, delta: str, check: bool = True) -> Optional[str]:
+        """Append text; return the stop string that matched (text is then cut before it), else None."""
+        start = max(len(self.text) - self._hold, 0)
+        self.text += delta
+        if not check or not self.stops:
+            return None
+        best: Optional[tuple[int, str]] = None
+        for stop in self.stops:
+            idx = self.text.find(stop, start)
+            if idx != -1 and (best is None or idx < best[0]):
+                best = (idx, stop)
+        if best is None:
+            return None
+        self.text = self.text[: best[0]]
+        return best[1]
+
+    def take(self, final: bool) -> str:
+        """Text safe to emit now: all of it when final, else all but a tail that could start a stop string."""
+        end = len(self.text) if final or not self.stops else max(len(self.text) - self._hold, self.emitted)
+        out = self.text[self.emitted : end]
+        self.emitted = end
+        return out

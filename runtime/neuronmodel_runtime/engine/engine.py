@@ -1,0 +1,136 @@
+"""The engine step: schedule -> execute -> update. Synchronous, single-threaded, no HTTP and no asyncio."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterable, Optional, Sequence
+
+from neuronmodel_runtime.engine.detokenizer import Decoder, IncrementalDetokenizer, StopStringMatcher
+from neuronmodel_runtime.engine.outputs import FINISH_ERROR, EngineStats, RequestOutput
+from neuronmodel_runtime.engine.request import Request
+from neuronmodel_runtime.engine.scheduler import Scheduler
+from neuronmodel_runtime.runners.base import DecodeBatch, ModelRunner, PrefillBatch, StepOutput
+from neuronmodel_runtime.sampling.params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[list[RequestOutput]], None]
+
+
+class Engine:
+    """Owns the scheduler and the runner; `step()` advances every running request by one runner step."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Decoder,
+        eos_token_ids: Iterable[int],
+        max_num_batched_tokens: int,
+        request_timeout_s: float = 600.0,
+    ):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.capacity = runner.capacity()
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.request_timeout_s = request_timeout_s
+        self.scheduler = Scheduler(self.capacity.max_num_seqs, max_num_batched_tokens)
+        self.stats = EngineStats(num_running=0, num_waiting=0, num_slots=self.capacity.max_num_seqs)
+
+    def make_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
+        """Build a request's state (cheap; any thread). Limits were validated at the edge."""
+        req = Request(
+            request_id=request_id,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            detokenizer=IncrementalDetokenizer.for_prompt(self.tokenizer, prompt_ids),
+            stop_matcher=StopStringMatcher(tuple(params.stop)),
+            eos_token_ids=self.eos_token_ids,
+            max_model_len=self.capacity.max_model_len,
+            deadline=0.0,
+        )
+        req.deadline = req.metrics.arrival + self.request_timeout_s
+        return req
+
+    def add(self, request: Request) -> None:
+        self.scheduler.add(request)
+
+    def abort(self, request_ids: Iterable[str], reason: Optional[str] = None) -> None:
+        if reason is None:
+            self.scheduler.abort(request_ids)
+        else:
+            self.scheduler.abort(request_ids, reason)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self, emit: Emit) -> None:
+        """One iteration. Prefill outputs are emitted before the decode runs, so first tokens are not delayed."""
+        self.scheduler.abort_expired(time.monotonic())
+        plan = self.scheduler.schedule()
+        for req in plan.aborted:
+            self._release_slot(req)
+        if plan.aborted:
+            emit([req.take_output() for req in plan.aborted])
+        if plan.prefills:
+            self._execute(plan.prefills, self._prefill)
+            emit(self._update(plan.prefills))
+        if plan.decodes:
+            self._execute(plan.decodes, self._decode)
+            emit(self._update(plan.decodes))
+        self.stats.num_running = self.scheduler.num_running
+        self.stats.num_waiting = self.scheduler.num_waiting
+
+    def _prefill(self, reqs: list[Request]) -> StepOutput:
+        self.stats.prompt_tokens_total += sum(len(r.prompt_ids) for r in reqs)
+        return self.runner.prefill(
+            PrefillBatch(
+                slots=[r.slot for r in reqs],
+                prompt_ids=[r.prompt_ids for r in reqs],
+                sampling=[r.row for r in reqs],
+                num_logprobs=[r.params.logprobs for r in reqs],
+            )
+        )
+
+    def _decode(self, reqs: list[Request]) -> StepOutput:
+        return self.runner.decode(
+            DecodeBatch(
+                slots=[r.slot for r in reqs],
+                last_tokens=[r.output_ids[-1] for r in reqs],
+                positions=[r.num_tokens - 1 for r in reqs],
+                sampling=[r.row for r in reqs],
+                num_logprobs=[r.params.logprobs for r in reqs],
+            )
+        )
+
+    def _execute(self, reqs: list[Request], run: Callable[[list[Request]], StepOutput]) -> None:
+        """Run one runner call and append its tokens; a failing call fails only the requests in it."""
+        try:
+            out = run(reqs)
+        except Exception as exc:  # the process keeps serving the others
+            log.exception("runner step failed for %d request(s)", len(reqs))
+            for req in reqs:
+                req.finish_reason, req.error = FINISH_ERROR, f"model runner failed: {type(exc).__name__}: {exc}"
+            return
+        now = time.monotonic()
+        for i, req in enumerate(reqs):
+            before = len(req.output_ids)
+            req.append_tokens(out.token_ids[i], out.logprobs[i] if out.logprobs else None)
+            self.stats.generation_tokens_total += len(req.output_ids) - before
+            if req.metrics.first_token is None and req.output_ids:
+                req.metrics.first_token = now
+
+    def _update(self, reqs: list[Request]) -> list[RequestOutput]:
+        outputs = []
+        for req in reqs:
+            if req.finish_reason is not None:
+                self.scheduler.finish(req)
+                self._release_slot(req)
+            if req.finished or req.pending_ids:
+                outputs.append(req.take_output())
+        return outputs
+
+    def _release_slot(self, req: Request) -> None:
+        if req.slot is not None:
+            self.runner.release(req.slot)

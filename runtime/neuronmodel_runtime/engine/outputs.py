@@ -1,0 +1,90 @@
+"""The engine's data contracts: what the scheduler hands the runner step, and what a request's stream yields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from neuronmodel_runtime.runners.base import TokenLogprob
+
+if TYPE_CHECKING:
+    from neuronmodel_runtime.engine.request import Request
+
+#: Why a request ended (OpenAI's values plus vLLM's "abort" and our "error").
+FINISH_STOP = "stop"  # EOS, a stop token or a stop string
+FINISH_LENGTH = "length"  # max_tokens or max_model_len
+FINISH_ABORT = "abort"  # client disconnect, timeout or shutdown
+FINISH_ERROR = "error"  # the runner failed on this request's step
+
+
+@dataclass
+class SchedulerOutput:
+    """One engine step's plan, produced by `Scheduler.schedule()`."""
+
+    prefills: list["Request"] = field(default_factory=list)  # admitted this step, slots assigned, not yet prefilled
+    decodes: list["Request"] = field(default_factory=list)  # running requests that advance this step
+    aborted: list["Request"] = field(default_factory=list)  # finished by abort/timeout since the last step
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefills or self.decodes or self.aborted)
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps of one request (time.monotonic seconds) for latency metrics and the request log."""
+
+    arrival: float  # accepted by the engine
+    scheduled: Optional[float] = None  # given a slot
+    first_token: Optional[float] = None  # first output token produced
+    finished: Optional[float] = None  # finished for any reason
+
+    @property
+    def ttft(self) -> Optional[float]:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def queue_time(self) -> Optional[float]:
+        return None if self.scheduled is None else self.scheduled - self.arrival
+
+    @property
+    def e2e(self) -> Optional[float]:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+@dataclass
+class RequestOutput:
+    """An increment of one request's output, delivered to its stream in order."""
+
+    request_id: str
+    text: str  # text produced since the previous output (stop strings excluded)
+    token_ids: list[int]  # tokens produced since the previous output (may be ahead of `text` by a partial char)
+    num_prompt_tokens: int
+    num_output_tokens: int  # output tokens so far, including this increment
+    finished: bool = False
+    finish_reason: Optional[str] = None  # one of FINISH_*; set when finished
+    stop_reason: Optional[str | int] = None  # the stop string or token id that matched, when finish_reason is "stop"
+    logprobs: Optional[list[TokenLogprob]] = None  # aligned with token_ids, when the request asked for them
+    error: Optional[str] = None  # set with FINISH_ERROR
+    metrics: Optional[RequestMetrics] = None  # set on the final output
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine for gauges and counters (read at metrics scrape time)."""
+
+    num_running: int  # requests holding a slot
+    num_waiting: int  # accepted requests waiting for a slot
+    num_slots: int  # max_num_seqs
+    prompt_tokens_total: int = 0  # prompt tokens prefilled, ever
+    generation_tokens_total: int = 0  # output tokens produced, ever
+    num_preemptions_total: int = 0  # always 0: slots are never preempted (kept for vLLM dashboards)
+    spec_drafts_total: int = 0  # decode rows that carried draft tokens
+    spec_draft_tokens_total: int = 0  # draft tokens proposed
+    spec_accepted_tokens_total: int = 0  # draft tokens accepted
+    spec_accepted_per_position: list[int] = field(default_factory=list)  # index i: drafts accepted at position i
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV-cache slots in use (a slot is the unit of KV memory on Neuron)."""
+        return self.num_running / self.num_slots if self.num_slots else 0.0

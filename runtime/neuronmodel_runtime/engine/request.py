@@ -1,0 +1,119 @@
+"""A request's state inside the engine, and the stop conditions that end it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from neuronmodel_runtime.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from neuronmodel_runtime.engine.outputs import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    RequestMetrics,
+    RequestOutput,
+)
+from neuronmodel_runtime.runners.base import TokenLogprob
+from neuronmodel_runtime.sampling.params import RowSampling, SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # accepted, no slot yet
+    RUNNING = "running"  # holds a slot
+    FINISHED = "finished"  # done; slot released
+
+
+@dataclass
+class Request:
+    """One sequence being generated (a choice of an n>1 request is its own Request)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopStringMatcher
+    eos_token_ids: frozenset[int]  # tokens that end generation unless params.ignore_eos
+    max_model_len: int  # prompt + output never exceeds this
+    deadline: float  # time.monotonic() after which the request is aborted
+    status: RequestStatus = RequestStatus.WAITING
+    slot: Optional[int] = None  # KV-cache line while RUNNING
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[str | int] = None
+    error: Optional[str] = None  # why the runner failed this request (FINISH_ERROR)
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival=time.monotonic()))
+    # Not yet delivered to the stream:
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def row(self) -> RowSampling:
+        return self.params.row()
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the sequence: prompt + output."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """How many more output tokens this request may produce."""
+        limit = self.max_model_len - self.num_tokens
+        if self.params.max_tokens is not None:
+            limit = min(limit, self.params.max_tokens - len(self.output_ids))
+        return max(limit, 0)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_tokens(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]] = None) -> None:
+        """Add a step's tokens in order, stopping exactly at the first one that ends the request.
+
+        Tokens after a stop (EOS, stop token, stop string, max_tokens, max_model_len) are dropped: a
+        speculative step may return several tokens, and none past the stop may reach the user.
+        """
+        for i, token in enumerate(token_ids):
+            if self.max_new_tokens <= 0:
+                self.finish_reason = FINISH_LENGTH
+                return
+            self.output_ids.append(token)
+            self.pending_ids.append(token)
+            if logprobs is not None:
+                self.pending_logprobs.append(logprobs[i])
+            may_stop = len(self.output_ids) > self.params.min_tokens
+            matched = self.stop_matcher.feed(self.detokenizer.add(token), check=may_stop)
+            if matched is not None:
+                self.finish_reason, self.stop_reason = FINISH_STOP, matched
+                return
+            if may_stop and not self.params.ignore_eos and token in self.eos_token_ids:
+                self.finish_reason, self.stop_reason = FINISH_STOP, token
+                return
+            if may_stop and token in self.params.stop_token_ids:
+                self.finish_reason, self.stop_reason = FINISH_STOP, token
+                return
+            if self.max_new_tokens <= 0:
+                self.finish_reason = FINISH_LENGTH
+                return
+
+    def take_output(self) -> RequestOutput:
+        """The increment since the last call; the final one carries the finish reason and metrics."""
+        done = self.finish_reason is not None
+        if done and self.stop_reason is None or isinstance(self.stop_reason, int):
+            self.stop_matcher.feed(self.detokenizer.flush(), check=False)
+        out = RequestOutput(
+            request_id=self.request_id,
+            text=self.stop_matcher.take(final=done),
+            token_ids=self.pending_ids,
+            num_prompt_tokens=len(self.prompt_ids),
+            num_output_tokens=len(self.output_ids),
+            finished=done,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            logprobs=self.pending_logprobs if self.params.logprobs is not None else None,
+            error=self.error,
+            metrics=self.metrics if done else None,
+        )
+        self.pending_ids, self.pending_logprobs = [], []
+        return out

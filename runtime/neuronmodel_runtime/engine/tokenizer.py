@@ -1,0 +1,29 @@
+"""Loading a model folder's tokenizer and the token ids that end generation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def load_tokenizer(model_path: str | Path) -> Any:
+    """The Hugging Face tokenizer of a model folder (local files only: no hub access in a pod)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
+
+
+def eos_token_ids(model_path: str | Path, tokenizer: Any) -> set[int]:
+    """EOS ids: the tokenizer's, plus every id in generation_config.json's eos_token_id (int or list)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_config = Path(model_path) / "generation_config.json"
+    if gen_config.is_file():
+        value = json.loads(gen_config.read_text()).get("eos_token_id")
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    return ids

@@ -1,0 +1,135 @@
+"""Which model framework serves: detection of what is installed, and the selection rules of DESIGN.md.
+
+`auto` picks NxDI if importable, else TNx, else (only on a host without Neuron devices) the PyTorch reference
+runner, with a warning. An explicit framework that is not installed is an error naming the package. Detection
+only looks packages up; it never imports them (importing torch-neuronx takes seconds and may touch devices).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import importlib.util
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+#: framework -> (import name, distribution name)
+PACKAGES = {
+    "nxdi": ("neuronx_distributed_inference", "neuronx-distributed-inference"),
+    "tnx": ("transformers_neuronx", "transformers-neuronx"),
+    "torch": ("torch", "torch"),
+}
+#: Other packages whose versions matter for Neuron (reported, and part of the compile-cache key later).
+RELATED = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc", "transformers": "transformers"}
+
+NEURON_INSTALL_HINT = (
+    "install it in the image from AWS's Neuron pip repository (or use an AWS Neuron Deep Learning Container); "
+    "the PyPI package of that name is an empty placeholder"
+)
+
+
+@dataclass(frozen=True)
+class FrameworkDetection:
+    """What this host offers."""
+
+    installed: dict[str, Optional[str]]  # framework -> version, or None when not importable
+    related: dict[str, Optional[str]]  # related package -> version, or None
+    neuron_devices: list[str]  # /dev/neuron* paths
+
+    def available(self, framework: str) -> bool:
+        return self.installed.get(framework) is not None
+
+
+@dataclass(frozen=True)
+class FrameworkSelection:
+    framework: str  # nxdi | tnx | torch
+    version: Optional[str]
+    reason: str  # why it was chosen, for `info`, /v1/info and the NeuronModel status
+    warnings: list[str] = field(default_factory=list)
+
+
+class FrameworkError(RuntimeError):
+    """No usable framework; the message says what to install or change."""
+
+
+def _version(import_name: str, dist_name: str) -> Optional[str]:
+    if importlib.util.find_spec(import_name) is None:
+        return None
+    try:
+        return importlib.metadata.version(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def detect_frameworks(
+    version_of: Callable[[str, str], Optional[str]] = _version,
+    device_glob: str = "/dev/neuron*",
+) -> FrameworkDetection:
+    return FrameworkDetection(
+        installed={fw: version_of(mod, dist) for fw, (mod, dist) in PACKAGES.items()},
+        related={dist: version_of(mod, dist) for dist, mod in RELATED.items()},
+        neuron_devices=sorted(glob.glob(device_glob)),
+    )
+
+
+TNX_DEPRECATION = (
+    "transformers-neuronx (tnx) has reached end of support upstream; it still works here, but move to "
+    "neuronx-distributed-inference (framework: nxdi)"
+)
+
+
+def select_framework(requested: str, detection: FrameworkDetection) -> FrameworkSelection:
+    """Apply the selection rules; `requested` is RuntimeConfig.framework (auto | nxdi | tnx | torch).
+
+    Raises:
+        FrameworkError: an explicit framework is not installed, or a Neuron host has no Neuron framework.
+    """
+    installed = detection.installed
+    if requested in ("nxdi", "tnx"):
+        if not detection.available(requested):
+            raise FrameworkError(
+                f"framework {requested!r} was requested but {PACKAGES[requested][1]} is not installed: "
+                + NEURON_INSTALL_HINT
+            )
+        warnings = [TNX_DEPRECATION] if requested == "tnx" else []
+        return FrameworkSelection(requested, installed[requested], "requested explicitly", warnings)
+    if requested == "torch":
+        if not detection.available("torch"):
+            raise FrameworkError("framework 'torch' was requested but torch is not installed: pip install torch")
+        warnings = []
+        if detection.neuron_devices:
+            warnings.append("the torch reference runner does not use the Neuron devices of this host")
+        return FrameworkSelection("torch", installed["torch"], "requested explicitly", warnings)
+    if requested != "auto":
+        raise FrameworkError(f"framework must be one of auto, nxdi, tnx, torch; got {requested!r}")
+    if detection.available("nxdi"):
+        return FrameworkSelection("nxdi", installed["nxdi"], "auto: neuronx-distributed-inference is installed")
+    if detection.available("tnx"):
+        return FrameworkSelection(
+            "tnx", installed["tnx"], "auto: transformers-neuronx is installed, NxDI is not", [TNX_DEPRECATION]
+        )
+    if detection.neuron_devices:
+        raise FrameworkError(
+            f"this host has Neuron devices ({', '.join(detection.neuron_devices[:4])}) but neither "
+            f"neuronx-distributed-inference nor transformers-neuronx is installed: {NEURON_INSTALL_HINT}. "
+            "Refusing to serve on CPU; set framework: torch to do so deliberately."
+        )
+    if not detection.available("torch"):
+        raise FrameworkError("no framework is installed: install torch (reference runner) or a Neuron framework")
+    return FrameworkSelection(
+        "torch",
+        installed["torch"],
+        "auto: no Neuron framework and no Neuron device on this host",
+        ["serving with the PyTorch reference runner (no Neuron hardware or libraries found)"],
+    )
+
+
+def report(requested: str, detection: FrameworkDetection) -> dict:
+    """The JSON printed by `neuronmodel-runtime info` and served in /v1/info."""
+    out: dict = {"requested": requested, "detected": asdict(detection)}
+    try:
+        out["selected"] = asdict(select_framework(requested, detection))
+    except FrameworkError as exc:
+        out["selected"] = None
+        out["error"] = str(exc)
+    return out

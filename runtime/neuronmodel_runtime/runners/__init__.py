@@ -1,0 +1,1 @@
+"""Model runners behind one contract (base.py): the PyTorch reference runner and the Neuron adapters."""

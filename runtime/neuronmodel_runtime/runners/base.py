@@ -1,0 +1,107 @@
+"""The runner contract: what every model runner (reference, NxDI, TNx) implements.
+
+Neuron compiles fixed shapes, so the contract is built around a fixed number of batch *slots*
+(`max_num_seqs`), each owning one KV-cache line, as NxDI continuous batching does with `seq_ids`.
+A runner samples on its device ("on-device sampling") and returns token ids, never full logits, unless
+logprobs are asked for. This module is pure data plus the ABC; it imports no torch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from neuronmodel_runtime.sampling.params import RowSampling
+
+
+@dataclass(frozen=True)
+class RunnerCapacity:
+    """The compiled (or configured) limits of a loaded runner."""
+
+    max_num_seqs: int  # batch slots, numbered 0..max_num_seqs-1
+    max_context_length: int  # longest prompt one prefill accepts, in tokens
+    max_model_len: int  # longest sequence (prompt + output) one slot holds, in tokens
+    speculation_length: int = 0  # k: a decode step may return up to k+1 tokens per slot; 0 = no speculation
+    vocab_size: int = 0  # size of the output vocabulary
+
+
+@dataclass
+class PrefillBatch:
+    """New sequences entering their slots. Row i of every list belongs to the same sequence."""
+
+    slots: list[int]  # KV-cache line of each row; the runner resets that line
+    prompt_ids: list[list[int]]  # full prompt of each row (1..max_context_length tokens)
+    sampling: list[RowSampling]  # per-row sampling; `seed` (re)seeds the slot's generator
+    num_logprobs: list[Optional[int]] = field(default_factory=list)  # per row: top logprobs wanted, None = none
+
+
+@dataclass
+class DecodeBatch:
+    """Running sequences advancing by one step (1..k+1 tokens each with speculation)."""
+
+    slots: list[int]  # KV-cache line of each row (distinct)
+    last_tokens: list[int]  # newest token of each row, not yet in the KV cache
+    positions: list[int]  # position of last_tokens[i] == tokens of that row already in the KV cache
+    sampling: list[RowSampling]  # per-row sampling (the seed is ignored: the slot's generator continues)
+    # Speculation (empty lists when the runner does not speculate):
+    num_spec_tokens: list[int] = field(default_factory=list)  # per row: most draft tokens to propose, 0..k
+    draft_tokens: list[list[int]] = field(default_factory=list)  # per row: host proposals (prompt lookup), may be []
+    num_logprobs: list[Optional[int]] = field(default_factory=list)  # per row: top logprobs wanted, None = none
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probability of one generated token and the most likely alternatives at its position."""
+
+    logprob: float  # of the chosen token, under the sampling distribution's source logits (log_softmax)
+    top: dict[int, float]  # token id -> logprob of the top-N tokens at that position
+
+
+@dataclass
+class StepOutput:
+    """What a prefill or decode returns: new token ids per row, in the batch's row order."""
+
+    token_ids: list[list[int]]  # per row: 1..k+1 new tokens (exactly 1 for prefill and plain decode)
+    logprobs: Optional[list[Optional[list[TokenLogprob]]]] = None  # per row, aligned with token_ids, when asked
+    num_draft_tokens: Optional[list[int]] = None  # per row: draft tokens proposed this step (speculation only)
+
+
+class RunnerError(RuntimeError):
+    """A runner cannot be built or loaded; the message says what to change."""
+
+
+class ModelRunner(ABC):
+    """A model behind fixed slots. Implementations: torch_reference (CPU/GPU), neuron_nxdi, neuron_tnx.
+
+    Call order: `load()` once, then any sequence of `prefill` / `decode` / `release` from one thread.
+    """
+
+    #: Framework name reported in /v1/info and metrics: "torch", "nxdi" or "tnx".
+    framework: str = ""
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load (and compile, for Neuron) the model; heavy, called once before serving."""
+
+    @abstractmethod
+    def capacity(self) -> RunnerCapacity:
+        """The limits the engine must respect."""
+
+    @abstractmethod
+    def prefill(self, batch: PrefillBatch) -> StepOutput:
+        """Encode each prompt into its slot's KV line and sample the first token of each row."""
+
+    @abstractmethod
+    def decode(self, batch: DecodeBatch) -> StepOutput:
+        """Feed each row's last token at its position, sample 1 (or up to k+1 with speculation) tokens."""
+
+    def release(self, slot: int) -> None:
+        """The sequence in `slot` finished or was aborted; drop per-slot state (its generator, drafts)."""
+
+    def info(self) -> dict[str, Any]:
+        """Runner facts for /v1/info: framework, versions, device, dtype."""
+        return {"framework": self.framework}
+
+    def shutdown(self) -> None:
+        """Free devices and worker processes."""
