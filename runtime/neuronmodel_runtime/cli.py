@@ -98,10 +98,10 @@ def build_engine(config: RuntimeConfig) -> Any:
 
 
 def _serve(config: RuntimeConfig) -> int:
+    engine = build_engine(config)
     from neuronmodel_runtime.server.app import create_app
     from neuronmodel_runtime.server.runner import serve
 
-    engine = build_engine(config)
     return serve(create_app(engine, config), config)
 
 

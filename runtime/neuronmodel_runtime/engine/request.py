@@ -83,19 +83,19 @@ class Request:
             if logprobs is not None:
                 self.pending_logprobs.append(logprobs[i])
             may_stop = len(self.output_ids) > self.params.min_tokens
+            if may_stop and self._is_stop_token(token):  # counted as output, never shown as text
+                self.finish_reason, self.stop_reason = FINISH_STOP, token
+                return
             matched = self.stop_matcher.feed(self.detokenizer.add(token), check=may_stop)
             if matched is not None:
                 self.finish_reason, self.stop_reason = FINISH_STOP, matched
                 return
-            if may_stop and not self.params.ignore_eos and token in self.eos_token_ids:
-                self.finish_reason, self.stop_reason = FINISH_STOP, token
-                return
-            if may_stop and token in self.params.stop_token_ids:
-                self.finish_reason, self.stop_reason = FINISH_STOP, token
-                return
             if self.max_new_tokens <= 0:
                 self.finish_reason = FINISH_LENGTH
                 return
+
+    def _is_stop_token(self, token: int) -> bool:
+        return token in self.params.stop_token_ids or (not self.params.ignore_eos and token in self.eos_token_ids)
 
     def take_output(self) -> RequestOutput:
         """The increment since the last call; the final one carries the finish reason and metrics."""

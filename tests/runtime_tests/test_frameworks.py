@@ -1,0 +1,75 @@
+"""Framework detection and every branch of the selection rules."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from neuronmodel_runtime.frameworks import (
+    FrameworkDetection,
+    FrameworkError,
+    detect_frameworks,
+    report,
+    select_framework,
+)
+
+
+def host(nxdi=None, tnx=None, torch="2.5.0", devices=()):
+    return FrameworkDetection({"nxdi": nxdi, "tnx": tnx, "torch": torch}, {}, list(devices))
+
+
+def test_auto_prefers_nxdi_then_tnx():
+    assert select_framework("auto", host(nxdi="0.4", tnx="0.13")).framework == "nxdi"
+    sel = select_framework("auto", host(tnx="0.13.1", devices=["/dev/neuron0"]))
+    assert sel.framework == "tnx" and sel.version == "0.13.1" and "end of support" in sel.warnings[0]
+
+
+def test_auto_falls_back_to_torch_only_without_neuron_devices():
+    sel = select_framework("auto", host())
+    assert sel.framework == "torch" and sel.warnings and "no Neuron" in sel.reason
+    with pytest.raises(FrameworkError, match="Neuron devices.*neither"):
+        select_framework("auto", host(devices=["/dev/neuron0"]))
+    with pytest.raises(FrameworkError, match="no framework"):
+        select_framework("auto", host(torch=None))
+
+
+@pytest.mark.parametrize("fw, package", [("nxdi", "neuronx-distributed-inference"), ("tnx", "transformers-neuronx")])
+def test_explicit_framework_not_installed_names_the_package(fw, package):
+    with pytest.raises(FrameworkError, match=package):
+        select_framework(fw, host())
+
+
+def test_explicit_choices():
+    assert select_framework("nxdi", host(nxdi="0.4")).warnings == []
+    assert select_framework("tnx", host(tnx="0.13")).warnings
+    assert select_framework("torch", host(devices=["/dev/neuron0"])).warnings  # deliberate CPU on a Neuron host
+    with pytest.raises(FrameworkError, match="torch is not installed"):
+        select_framework("torch", host(torch=None))
+    with pytest.raises(FrameworkError, match="one of"):
+        select_framework("cuda", host())
+
+
+def test_detection_on_this_machine_uses_lookups_only(tmp_path):
+    det = detect_frameworks(device_glob=str(tmp_path / "neuron*"))
+    assert det.installed["torch"] and det.installed["nxdi"] is None and det.neuron_devices == []
+    (tmp_path / "neuron0").touch()
+    assert detect_frameworks(device_glob=str(tmp_path / "neuron*")).neuron_devices == [str(tmp_path / "neuron0")]
+
+
+def test_report_carries_the_error_instead_of_raising():
+    out = report("nxdi", host())
+    assert out["selected"] is None and "neuronx-distributed-inference" in out["error"]
+
+
+def test_info_command_prints_json():
+    out = subprocess.run([sys.executable, "-m", "neuronmodel_runtime.cli", "info"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["selected"]["framework"] == "torch" and data["config"]["framework"] == "auto"
+
+
+def test_explicit_missing_framework_exits_2_with_a_clear_message():
+    out = subprocess.run([sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--framework", "nxdi"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "neuronx-distributed-inference is not installed" in out.stderr
