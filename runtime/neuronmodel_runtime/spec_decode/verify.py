@@ -1,0 +1,103 @@
+"""Exact verification of proposed tokens (Leviathan et al. 2023; Chen et al. 2023), row by row.
+
+Glossary:
+    draft tokens: the k_i tokens proposed for row i (by a draft model, or by prompt lookup).
+    p, q: the target's and the proposer's distributions at each draft position, after the row's own
+        temperature / top-k / top-p (`sampler.target_probs`, applied identically to both). Prompt lookup
+        proposes deterministically, so its q is one-hot at the proposed token.
+    accepted: draft token x_j is kept with probability min(1, p(x_j) / q(x_j)), in order, until the first
+        rejection. Greedy rows have one-hot p and q, so this is exactly "keep while equal to the target argmax".
+    recovered: the token emitted at the first rejection, drawn from normalize(max(p - q, 0)).
+    bonus: when all k_i drafts are accepted, one more token drawn from p at position k_i.
+Each step emits the accepted tokens plus one recovered or bonus token: 1..k_i+1 tokens, and the emitted
+sequence has exactly the target's distribution.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from neuronmodel_runtime.sampling.sampler import target_probs
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from `probs` [V] by the exponential race (zero-probability tokens never win)."""
+    race = torch.empty(probs.shape, dtype=torch.float32, device=probs.device).exponential_(generator=generator)
+    return int(torch.argmax(probs / race.clamp_min(1e-30)))
+
+
+def verify(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_drafts: Sequence[int],
+    params: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    global_top_k: int,
+    draft_probs: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept or reject each row's draft tokens against the target.
+
+    Args:
+        target_logits: `[B, k+1, V]` target logits at the fed positions (last token, then the k drafts).
+        draft_tokens: `[B, k]` int64 proposals; row i uses its first `num_drafts[i]`.
+        num_drafts: per row, k_i in 0..k.
+        params: `[B, 3]` sampling tensor (top_k, top_p, temperature).
+        generators: one per row; row i draws only from `generators[i]`.
+        global_top_k: candidates kept before the per-row filters.
+        draft_probs: `[B, k, V]` the proposer's q; None means deterministic proposals (q one-hot).
+
+    Returns:
+        tokens: `[B, k+1]` int64, row i's emitted tokens first, padded with 0 (0 may also be a real token).
+        num_emitted: `[B]` int64, tokens emitted per row: accepted + 1, in 1..k_i+1.
+    """
+    batch, width, vocab = target_logits.shape
+    flat_params = params.repeat_interleave(width, dim=0)  # [B*(k+1), 3]
+    p_all = target_probs(target_logits.reshape(batch * width, vocab), flat_params, global_top_k)
+    p_all = p_all.view(batch, width, vocab)  # [B, k+1, V]
+    tokens = torch.zeros(batch, width, dtype=torch.int64)
+    num_emitted = torch.zeros(batch, dtype=torch.int64)
+    for i in range(batch):
+        k_i, gen = num_drafts[i], generators[i]
+        drafts = draft_tokens[i, :k_i].tolist()
+        uniforms = torch.rand(k_i, generator=gen, device=p_all.device).tolist() if k_i else []
+        emitted: list[int] = []
+        for j, x in enumerate(drafts):
+            p = p_all[i, j]  # [V]
+            q_x = 1.0 if draft_probs is None else float(draft_probs[i, j, x])
+            if uniforms[j] * q_x < float(p[x]):
+                emitted.append(x)
+                continue
+            if draft_probs is None:
+                residual = p.clone()
+                residual[x] = 0.0
+            else:
+                residual = (p - draft_probs[i, j]).clamp_min(0.0)
+            emitted.append(_draw(residual if float(residual.sum()) > 0 else p, gen))  # recovered
+            break
+        else:
+            emitted.append(_draw(p_all[i, k_i], gen))  # bonus
+        tokens[i, : len(emitted)] = torch.tensor(emitted)
+        num_emitted[i] = len(emitted)
+    return tokens, num_emitted
+
+
+def unpad_fused(tokens: torch.Tensor, positions: Sequence[int], next_positions: torch.Tensor) -> list[list[int]]:
+    """NxDI fused-speculation outputs -> per-row token lists.
+
+    The count is `next_pos - pos` (at least 1), never inferred from the 0 padding: 0 is a real token id.
+
+    Args:
+        tokens: `[B, W]` emitted tokens padded with 0.
+        positions: B positions of each row's last token before the step.
+        next_positions: `[B, 1]` (or `[B]`) positions after the step.
+    """
+    counts = next_positions.reshape(-1).tolist()
+    out = []
+    for row, pos, nxt in zip(tokens.tolist(), positions, counts):
+        count = int(nxt) - int(pos)
+        if not 1 <= count <= len(row):
+            raise ValueError(f"fused speculation returned {count} tokens for a row (expected 1..{len(row)})")
+        out.append(row[:count])
+    return out
