@@ -1,0 +1,111 @@
+"""OpenAI's error JSON, and the exception handlers that turn every failure into it.
+
+Every error body is `{"error": {"message", "type", "param", "code"}}`. Bad input is always a 4xx whose
+message names the field; FastAPI's default 422 shape never reaches a client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+#: OpenAI's `type` per status class.
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """An error answered with OpenAI's error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: Optional[str] = None,
+        code: Optional[str] = None,
+        headers: Optional[dict[str, str]] = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, param=self.param, code=self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_body(status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None) -> dict:
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def invalid(param: Optional[str], message: str) -> APIError:
+    """A 400 about one request field."""
+    return APIError(400, message, param=param, code="invalid_value" if param else None)
+
+
+def _param_of(loc: tuple) -> str:
+    """('body', 'messages', 0, 'role') -> 'messages[0].role'."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    # The deepest error is the most specific one (a union reports one error per member).
+    err = max(exc.errors(), key=lambda e: len(e["loc"]))
+    if err["type"] == "json_invalid":
+        return invalid(None, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}")
+    # Drop pydantic's union-member and validator tags (e.g. "str", "function-after[...]") from the location.
+    loc = tuple(p for p in err["loc"] if isinstance(p, int) or ("[" not in p and p not in ("str", "int")))
+    param = _param_of(loc)
+    if not param:
+        return invalid(None, "the request body must be a JSON object (Content-Type: application/json)")
+    if err["type"] == "missing":
+        return invalid(param, f"{param} is required")
+    if err["type"] == "too_short":
+        return invalid(param, f"{param} must not be empty")
+    msg = err["msg"].removeprefix("Value error, ")
+    return invalid(param, msg if msg.startswith(str(loc[-1])) else f"{param}: {msg}")
+
+
+async def _on_api_error(_: Request, exc: APIError) -> JSONResponse:
+    return exc.response()
+
+
+async def _on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    return _validation_error(exc).response()
+
+
+async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return APIError(exc.status_code, message, headers=getattr(exc, "headers", None)).response()
+
+
+async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error: %s", type(exc).__name__)
+    return APIError(500, f"internal server error ({type(exc).__name__})").response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _on_api_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

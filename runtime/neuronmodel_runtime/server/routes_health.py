@@ -1,0 +1,36 @@
+"""Probes and scraping, never behind the API key: GET /health (liveness), /ready (readiness), /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from neuronmodel_runtime.server.errors import APIError
+from neuronmodel_runtime.server.serving import Serving
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 while the process and the engine's step thread are alive; 503 otherwise (restart me)."""
+    if not request.app.state.serving.engine.alive:
+        raise APIError(503, "the engine step thread is not running", code="engine_dead")
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    """200 when the model is loaded and requests are accepted; 503 while loading or draining."""
+    serving: Serving = request.app.state.serving
+    if not serving.ready:
+        state = "draining for shutdown" if serving.draining else "the model is loading or the engine stopped"
+        raise APIError(503, f"not ready: {state}", code="not_ready")
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition, vLLM's metric names."""
+    m = request.app.state.metrics
+    return Response(m.render(), media_type=m.content_type)

@@ -1,0 +1,279 @@
+"""Between HTTP and the engine: checks a request against the server's limits, admits its choices as engine
+requests, merges their output streams, and ends them on disconnect or drain.
+
+One HTTP request becomes `len(prompts) * n` engine requests ("choices"), admitted all-or-nothing. A
+`Generation` owns them until the response is complete; closing it aborts whatever is unfinished, which
+frees the slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Callable, Optional, Union
+
+from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
+
+from neuronmodel_runtime.config import RuntimeConfig
+from neuronmodel_runtime.engine.async_engine import EngineNotRunning, QueueFullError, RequestStream
+from neuronmodel_runtime.engine.outputs import FINISH_ERROR, RequestOutput
+from neuronmodel_runtime.runners.base import TokenLogprob
+from neuronmodel_runtime.sampling.params import MAX_N, SamplingParams, SamplingParamsError, choice_seed
+from neuronmodel_runtime.server.errors import APIError, error_body, invalid
+from neuronmodel_runtime.server.metrics import Metrics
+from neuronmodel_runtime.server.protocol import Usage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ChoiceResult:
+    """One choice's whole output (non-streaming responses)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # aligned with token_ids, when asked
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[str, int]] = None
+
+
+@dataclass
+class SSEStream:
+    """A streaming result: SSE `data:` payloads, and the cleanup to run however the response ends."""
+
+    events: AsyncIterator[str]
+    close: Callable[[], None]
+
+
+def respond(result: Union[dict, SSEStream]) -> Response:
+    """A route's result as JSON or as a server-sent-event stream."""
+    if isinstance(result, SSEStream):
+        # `background` covers a client gone before the first event: the generator's own finally never runs.
+        return EventSourceResponse(result.events, sep="\n", background=BackgroundTask(result.close))
+    return JSONResponse(result)
+
+
+def error_event(message: str) -> str:
+    """A stream's error payload (the status line was already sent); the OpenAI client raises on it."""
+    return json.dumps(error_body(500, message), ensure_ascii=False)
+
+
+class Generation:
+    """The engine requests ("choices") behind one HTTP request, merged into one ordered event stream."""
+
+    def __init__(self, owner: "Serving", request_id: str, streams: list[RequestStream], prompt_lens: list[int]):
+        self.request_id = request_id
+        self._owner = owner
+        self._streams = streams
+        self._prompt_lens = prompt_lens  # per prompt (not per choice): usage counts each prompt once
+        self._num_output = [0] * len(streams)
+        self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self._pumps = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
+        self._closed = False
+
+    async def _pump(self, index: int, stream: RequestStream) -> None:
+        async for out in stream:
+            self._queue.put_nowait((index, out))
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, output increment) in arrival order; choices interleave. Ends when all finished."""
+        unfinished = len(self._streams)
+        while unfinished:
+            index, out = await self._queue.get()
+            self._num_output[index] = out.num_output_tokens
+            if out.finished:
+                unfinished -= 1
+                self._finished(out)
+            yield index, out
+
+    async def collect(self, receive: Receive) -> list[ChoiceResult]:
+        """Every choice's whole output; a client disconnect meanwhile aborts them (freeing their slots).
+
+        Raises:
+            APIError: 500 when the engine failed a choice.
+        """
+        results = [ChoiceResult(i) for i in range(len(self._streams))]
+        watcher = asyncio.ensure_future(self._abort_on_disconnect(receive))
+        try:
+            async for index, out in self.outputs():
+                r = results[index]
+                r.text += out.text
+                r.token_ids += out.token_ids
+                r.logprobs += out.logprobs or []
+                if out.finished:
+                    if out.finish_reason == FINISH_ERROR:
+                        raise APIError(500, out.error or "the model runner failed", code="engine_error")
+                    r.finish_reason, r.stop_reason = out.finish_reason, out.stop_reason
+        finally:
+            watcher.cancel()
+        return results
+
+    async def _abort_on_disconnect(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        log.info("request %s: client disconnected, aborting", self.request_id)
+        self.abort()
+
+    def usage(self) -> Usage:
+        prompt, completion = sum(self._prompt_lens), sum(self._num_output)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    def abort(self) -> None:
+        """Abort every unfinished choice; the engine answers each with a final "abort" output."""
+        for stream in self._streams:
+            stream.abort()
+
+    def close(self) -> None:
+        """End this generation however the response ended (idempotent): unfinished choices are aborted."""
+        if self._closed:
+            return
+        self._closed = True
+        self.abort()
+        for pump in self._pumps:
+            pump.cancel()
+        self._owner._live.discard(self)
+
+    def _finished(self, out: RequestOutput) -> None:
+        self._owner.metrics.observe_finished(out)
+        m = out.metrics
+        ttft = f"{m.ttft:.3f}s" if m and m.ttft is not None else "-"
+        total = f"{m.e2e:.3f}s" if m and m.e2e is not None else "-"
+        log.info(
+            "request %s: prompt_tokens=%d output_tokens=%d ttft=%s total=%s finish_reason=%s",
+            out.request_id, out.num_prompt_tokens, out.num_output_tokens, ttft, total, out.finish_reason,
+        )
+
+
+class Serving:
+    """Request validation against the loaded model's limits, admission, and the drain on shutdown."""
+
+    def __init__(self, engine: Any, config: RuntimeConfig, metrics: Metrics):
+        self.engine = engine
+        self.config = config
+        self.metrics = metrics
+        self.model_name: str = engine.model_name  # the CLI sets it from server.served_model_name
+        self.created = int(time.time())
+        self.draining = False
+        self._live: set[Generation] = set()
+
+    # -- request -> engine ----------------------------------------------------------------------------
+    def check_model(self, model: Optional[str]) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def sampling_params(self, req: Any, *, max_tokens: Optional[int], logprobs: Optional[int],
+                        names: Optional[dict[str, str]] = None) -> SamplingParams:
+        """The request's SamplingParams, validated; `names` maps a field to the name the client used."""
+        if not 1 <= req.n <= MAX_N:
+            raise invalid("n", f"n must be in [1, {MAX_N}], got {req.n}")
+        if req.stream_options is not None and not req.stream:
+            raise invalid("stream_options", "stream_options is only allowed with stream: true")
+        params = SamplingParams(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=req.stop_strings,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+        )
+        try:
+            return params.validate(
+                global_top_k=self.config.sampling.global_top_k,
+                max_model_len=self.engine.capacity.max_model_len,
+                on_device_sampling=self.config.sampling.on_device,
+            )
+        except SamplingParamsError as exc:
+            param = (names or {}).get(exc.param, exc.param)
+            raise invalid(param, str(exc).replace(exc.param, param, 1)) from None
+
+    def check_prompt(self, prompt_ids: list[int], params: SamplingParams, param: str, max_tokens_param: str) -> None:
+        """Prompt limits: not empty, token ids in the vocabulary, <= max_context_length, fits max_model_len."""
+        cap = self.engine.capacity
+        if not prompt_ids:
+            raise invalid(param, f"{param} is empty: it must contain at least one token")
+        if cap.vocab_size and not all(0 <= t < cap.vocab_size for t in prompt_ids):
+            raise invalid(param, f"{param} holds token ids outside the vocabulary [0, {cap.vocab_size})")
+        if len(prompt_ids) > cap.max_context_length:
+            raise invalid(
+                param,
+                f"{param} is {len(prompt_ids)} tokens; this server accepts at most {cap.max_context_length} "
+                "prompt tokens (max_context_length)",
+            )
+        if params.max_tokens is not None and len(prompt_ids) + params.max_tokens > cap.max_model_len:
+            raise invalid(
+                max_tokens_param,
+                f"{param} ({len(prompt_ids)} tokens) + {max_tokens_param} ({params.max_tokens}) exceeds "
+                f"max_model_len ({cap.max_model_len}); lower {max_tokens_param} or shorten the prompt",
+            )
+
+    def start(self, request_id: str, prompts: list[list[int]], params: SamplingParams, n: int) -> Generation:
+        """Admit n choices per prompt, all or none.
+
+        Raises:
+            APIError: 503 while loading or draining, 429 (with Retry-After) when the waiting queue is full.
+        """
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another replica", code="draining")
+        streams: list[RequestStream] = []
+        try:
+            for p, prompt in enumerate(prompts):
+                for i in range(n):
+                    choice = replace(params, seed=choice_seed(params.seed, i))
+                    streams.append(self.engine.add_request(f"{request_id}-{p * n + i}", prompt, choice))
+        except QueueFullError as exc:
+            for stream in streams:
+                stream.abort()
+            retry_after = str(max(1, math.ceil(exc.retry_after)))
+            raise APIError(429, str(exc), code="queue_full", headers={"Retry-After": retry_after}) from None
+        except EngineNotRunning as exc:
+            for stream in streams:
+                stream.abort()
+            raise APIError(503, str(exc), code="not_ready") from None
+        generation = Generation(self, request_id, streams, [len(p) for p in prompts])
+        self._live.add(generation)
+        return generation
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready and not self.draining
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop admission and let in-flight requests finish; abort what is left after `timeout` seconds.
+
+        Returns:
+            True when every in-flight request finished on its own.
+        """
+        self.draining = True
+        self.engine.stop_accepting()
+        log.info("draining: %d request(s) in flight, up to %.0f s", len(self._live), timeout)
+        if await self._wait_live(timeout):
+            return True
+        log.warning("drain timeout: aborting %d request(s)", len(self._live))
+        for generation in list(self._live):
+            generation.abort()
+        await self._wait_live(5.0)  # their responses end with finish_reason "abort"
+        return False
+
+    async def _wait_live(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._live and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return not self._live
+

@@ -1,0 +1,101 @@
+"""POST /v1/completions: prompts (text or token ids) -> engine requests; outputs -> completion objects and chunks."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, AsyncIterator, Optional, Union
+
+from starlette.requests import Request
+
+from neuronmodel_runtime.engine.outputs import FINISH_ERROR
+from neuronmodel_runtime.runners.base import TokenLogprob
+from neuronmodel_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from neuronmodel_runtime.server.serving import Generation, Serving, SSEStream, error_event
+
+
+class CompletionServing:
+    def __init__(self, serving: Serving):
+        self.serving = serving
+        self.tokenizer = serving.engine.tokenizer
+
+    async def create(self, req: CompletionRequest, raw: Request) -> Union[dict, SSEStream]:
+        """A completion object, or an SSE stream of completion chunks when `req.stream`.
+
+        Raises:
+            APIError: bad input (4xx naming the field), queue full (429), not accepting (503), engine failure (500).
+        """
+        serving = self.serving
+        serving.check_model(req.model)
+        params = serving.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs)
+        prompts = self._prompt_ids(req.prompt)
+        for i, ids in enumerate(prompts):
+            serving.check_prompt(ids, params, "prompt" if len(prompts) == 1 else f"prompt[{i}]", "max_tokens")
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        generation = serving.start(request_id, prompts, params, req.n)
+        template = CompletionResponse(id=request_id, model=serving.model_name, choices=[])
+        if req.stream:
+            return SSEStream(self._stream(generation, template, req.include_usage), generation.close)
+        try:
+            results = await generation.collect(raw.receive)
+        finally:
+            generation.close()
+        choices = [
+            CompletionChoice(
+                index=r.index,
+                text=r.text,
+                logprobs=self._logprobs(r.token_ids, r.logprobs, 0) if req.logprobs is not None else None,
+                finish_reason=r.finish_reason,
+                stop_reason=r.stop_reason,
+            )
+            for r in results
+        ]
+        return template.model_copy(update={"choices": choices, "usage": generation.usage()}).model_dump()
+
+    def _prompt_ids(self, prompt: Union[str, list[str], list[int], list[list[int]]]) -> list[list[int]]:
+        """One token-id list per prompt (an empty list is one empty prompt, refused by check_prompt)."""
+        if isinstance(prompt, str):
+            return [list(self.tokenizer.encode(prompt))]
+        if not prompt or isinstance(prompt[0], int):
+            return [list(prompt)]
+        return [list(self.tokenizer.encode(p)) if isinstance(p, str) else list(p) for p in prompt]
+
+    async def _stream(self, generation: Generation, template: CompletionResponse, include_usage: bool
+                      ) -> AsyncIterator[str]:
+        text_len: dict[int, int] = {}  # choice -> characters sent (logprobs' text_offset)
+        try:
+            async for index, out in generation.outputs():
+                if out.finish_reason == FINISH_ERROR:
+                    yield error_event(out.error or "the model runner failed")
+                    break
+                if not (out.text or out.finished or out.logprobs):
+                    continue  # a token that completes no character yet
+                offset = text_len.get(index, 0)
+                text_len[index] = offset + len(out.text)
+                choice = CompletionChoice(
+                    index=index,
+                    text=out.text,
+                    logprobs=self._logprobs(out.token_ids, out.logprobs, offset) if out.logprobs is not None else None,
+                    finish_reason=out.finish_reason,
+                    stop_reason=out.stop_reason,
+                )
+                yield template.model_copy(update={"choices": [choice]}).model_dump_json()
+            else:
+                if include_usage:
+                    yield template.model_copy(update={"usage": generation.usage()}).model_dump_json()
+            yield "[DONE]"
+        finally:
+            generation.close()
+
+    def _logprobs(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]], offset: int) -> dict[str, Any]:
+        """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+        tokens = [self.tokenizer.decode([t]) for t in token_ids]
+        offsets = []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs or []],
+            "top_logprobs": [{self.tokenizer.decode([t]): v for t, v in lp.top.items()} for lp in logprobs or []],
+            "text_offset": offsets,
+        }
