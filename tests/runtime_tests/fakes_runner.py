@@ -33,9 +33,11 @@ class ScriptedRunner(ModelRunner):
     framework = "fake"
 
     def __init__(self, script: Callable[[list[int], list[int]], int], slots: int = 4, max_model_len: int = 64,
-                 max_context_length: Optional[int] = None, fail_on: Optional[Callable[[int], bool]] = None):
+                 max_context_length: Optional[int] = None, fail_on: Optional[Callable[[int], bool]] = None,
+                 spec_k: int = 0):
         self.script = script
-        self.cap = RunnerCapacity(slots, max_context_length or max_model_len, max_model_len, 0, 257)
+        self.cap = RunnerCapacity(slots, max_context_length or max_model_len, max_model_len, spec_k, 257)
+        self.spec_calls: list[tuple[list[int], list[list[int]]]] = []  # (num_spec_tokens, draft_tokens) per decode
         self.seqs: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (prompt, outputs)
         self.calls: list[tuple[str, list[int]]] = []  # (kind, slots)
         self.released: list[int] = []
@@ -66,15 +68,21 @@ class ScriptedRunner(ModelRunner):
     def decode(self, batch: DecodeBatch) -> StepOutput:
         self._check(batch.slots)
         self.calls.append(("decode", list(batch.slots)))
+        self.spec_calls.append((list(batch.num_spec_tokens), [list(d) for d in batch.draft_tokens]))
         out = []
-        for slot, last, pos in zip(batch.slots, batch.last_tokens, batch.positions):
+        for i, (slot, last, pos) in enumerate(zip(batch.slots, batch.last_tokens, batch.positions)):
             prompt, outputs = self.seqs[slot]
             assert last == outputs[-1] and pos == len(prompt) + len(outputs) - 1, "engine fed a wrong token/position"
-            assert pos < self.cap.max_model_len
-            token = self.script(prompt, outputs)
-            outputs.append(token)
-            out.append([token])
-        return StepOutput(out)
+            k = batch.num_spec_tokens[i] if batch.num_spec_tokens else 0
+            assert pos + k < self.cap.max_model_len, "speculation would write past max_model_len"
+            # A perfect proposer: every draft is accepted, so the step returns k + 1 tokens.
+            new = []
+            for _ in range(k + 1):
+                new.append(self.script(prompt, outputs))
+                outputs.append(new[-1])
+            out.append(new)
+        drafts = list(batch.num_spec_tokens) if self.cap.speculation_length else None
+        return StepOutput(out, num_draft_tokens=drafts)
 
     def release(self, slot: int) -> None:
         self.released.append(slot)

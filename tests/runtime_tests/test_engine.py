@@ -152,3 +152,49 @@ def test_outputs_do_not_depend_on_batching(n_slots):
     alone = {rid: run_all(make_engine(runner(1)), [(rid, p, s)])[rid] for rid, p, s in reqs}
     together = run_all(make_engine(runner(n_slots)), reqs)
     assert together == alone
+
+
+def spec_engine(text, k=4, max_model_len=64, proposer=None):
+    runner = ScriptedRunner(text_script(text), slots=2, max_model_len=max_model_len, spec_k=k)
+    return Engine(runner, TOK, {EOS}, 1000, proposer=proposer), runner
+
+
+@pytest.mark.parametrize(
+    "params, text, finish",
+    [
+        (SamplingParams(stop=("CD",)), "abCDefgh", FINISH_STOP),  # stop string inside an accepted run
+        (SamplingParams(), "abc", FINISH_STOP),  # EOS inside a run
+        (SamplingParams(max_tokens=1), "abcdefgh", FINISH_LENGTH),
+        (SamplingParams(max_tokens=6), "abcdefghijk", FINISH_LENGTH),  # max_tokens reached mid-run
+    ],
+)
+def test_multi_token_steps_stop_exactly_where_plain_decoding_would(params, text, finish):
+    plain = run_all(make_engine(ScriptedRunner(text_script(text))), [("a", "xy", params)])["a"]
+    engine, runner = spec_engine(text)
+    spec = run_all(engine, [("a", "xy", params)])["a"]
+    assert spec == plain and spec[2] == finish
+    assert engine.stats.spec_accepted_tokens_total > 0 or params.max_tokens == 1
+
+
+def test_speculation_shrinks_near_max_model_len_instead_of_failing():
+    engine, runner = spec_engine("z" * 100, k=4, max_model_len=12)
+    res = run_all(engine, [("a", "abcd", SamplingParams())])["a"]
+    assert len(res[1]) == 8 and res[2] == FINISH_LENGTH  # 4 prompt + 8 output = max_model_len
+    assert [k for ks, _ in runner.spec_calls for k in ks] == [4, 1]  # 4+1 tokens, then room for only 1+1
+
+
+def test_speculation_metrics_count_drafts_and_acceptance_per_position():
+    engine, _ = spec_engine("abcdefghij", k=3)
+    run_all(engine, [("a", "x", SamplingParams(max_tokens=9))])
+    s = engine.stats
+    # max_tokens 9 = 1 (prefill) + 4 + 4: two decode steps with 3 drafts each, all accepted
+    assert s.spec_drafts_total == 2 and s.spec_draft_tokens_total == 6 and s.spec_accepted_tokens_total == 6
+    assert s.spec_accepted_per_position == [2, 2, 2]
+
+
+def test_host_proposer_drafts_reach_the_runner_and_bound_the_step():
+    engine, runner = spec_engine("abcabcabc", k=4, proposer=lambda seq, n: seq[-3:][:n])
+    run_all(engine, [("a", "q", SamplingParams(max_tokens=5))])
+    nums, drafts = runner.spec_calls[0]
+    assert drafts[0] == [113, 97][: nums[0]] or len(drafts[0]) == nums[0]
+    assert all(len(d) == n for ns, ds in runner.spec_calls for n, d in zip(ns, ds))

@@ -16,6 +16,8 @@ from neuronmodel_runtime.sampling.params import SamplingParams
 log = logging.getLogger(__name__)
 
 Emit = Callable[[list[RequestOutput]], None]
+#: Host-side proposer: (sequence tokens, most tokens to propose) -> proposed tokens (prompt lookup).
+Proposer = Callable[[list[int], int], list[int]]
 
 
 class Engine:
@@ -28,12 +30,14 @@ class Engine:
         eos_token_ids: Iterable[int],
         max_num_batched_tokens: int,
         request_timeout_s: float = 600.0,
+        proposer: Optional[Proposer] = None,
     ):
         self.runner = runner
         self.tokenizer = tokenizer
         self.capacity = runner.capacity()
         self.eos_token_ids = frozenset(eos_token_ids)
         self.request_timeout_s = request_timeout_s
+        self.proposer = proposer  # None: the runner proposes (draft model) or nothing is speculated
         self.scheduler = Scheduler(self.capacity.max_num_seqs, max_num_batched_tokens)
         self.stats = EngineStats(num_running=0, num_waiting=0, num_slots=self.capacity.max_num_seqs)
 
@@ -94,15 +98,43 @@ class Engine:
         )
 
     def _decode(self, reqs: list[Request]) -> StepOutput:
+        num_spec = [self._spec_budget(r) for r in reqs] if self.capacity.speculation_length else []
+        drafts: list[list[int]] = []
+        if num_spec and self.proposer is not None:
+            drafts = [self.proposer(r.prompt_ids + r.output_ids, n) if n else [] for r, n in zip(reqs, num_spec)]
+            num_spec = [len(d) for d in drafts]
         return self.runner.decode(
             DecodeBatch(
                 slots=[r.slot for r in reqs],
                 last_tokens=[r.output_ids[-1] for r in reqs],
                 positions=[r.num_tokens - 1 for r in reqs],
                 sampling=[r.row for r in reqs],
+                num_spec_tokens=num_spec,
+                draft_tokens=drafts,
                 num_logprobs=[r.params.logprobs for r in reqs],
             )
         )
+
+    def _spec_budget(self, req: Request) -> int:
+        """Draft tokens worth proposing: k, reduced so the step neither passes max_model_len nor max_tokens."""
+        room_in_cache = self.capacity.max_model_len - req.num_tokens  # verification writes k more positions
+        return max(0, min(self.capacity.speculation_length, room_in_cache, req.max_new_tokens - 1))
+
+    def _count_speculation(self, out: StepOutput) -> None:
+        if not out.num_draft_tokens:
+            return
+        stats = self.stats
+        for drafted, tokens in zip(out.num_draft_tokens, out.token_ids):
+            if not drafted:
+                continue
+            accepted = len(tokens) - 1
+            stats.spec_drafts_total += 1
+            stats.spec_draft_tokens_total += drafted
+            stats.spec_accepted_tokens_total += accepted
+            if len(stats.spec_accepted_per_position) < drafted:
+                stats.spec_accepted_per_position.extend([0] * (drafted - len(stats.spec_accepted_per_position)))
+            for position in range(accepted):
+                stats.spec_accepted_per_position[position] += 1
 
     def _execute(self, reqs: list[Request], run: Callable[[list[Request]], StepOutput]) -> None:
         """Run one runner call and append its tokens; a failing call fails only the requests in it."""
@@ -113,6 +145,7 @@ class Engine:
             for req in reqs:
                 req.finish_reason, req.error = FINISH_ERROR, f"model runner failed: {type(exc).__name__}: {exc}"
             return
+        self._count_speculation(out)
         now = time.monotonic()
         for i, req in enumerate(reqs):
             before = len(req.output_ids)
