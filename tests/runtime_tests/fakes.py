@@ -29,6 +29,7 @@ from neuronmodel_runtime.sampling.params import RowSampling
 
 MODEL = "fake-model"
 SAMPLED_ALPHABET = b"abcdefghij "
+FAIL = b"FAIL"  # a prompt starting with it makes the runner's prefill raise
 
 
 class ChatByteTokenizer(ByteTokenizer):
@@ -48,7 +49,8 @@ class ChatByteTokenizer(ByteTokenizer):
 
 class EchoRunner(ModelRunner):
     """Greedy rows echo their prompt then emit EOS; sampled rows draw letters from a per-slot seeded RNG
-    (never EOS). `delay` seconds per call make generation slow enough to disconnect or drain mid-way."""
+    (never EOS). `delay` seconds per call make generation slow enough to disconnect or drain mid-way;
+    a prompt starting with FAIL makes prefill raise."""
 
     framework = "fake"
 
@@ -78,6 +80,8 @@ class EchoRunner(ModelRunner):
         return StepOutput(tokens, [None if n is None else [_logprob(t[0], n)] for t, n in zip(tokens, num_logprobs)])
 
     def prefill(self, batch: PrefillBatch) -> StepOutput:
+        if any(bytes(p[: len(FAIL)]) == FAIL for p in batch.prompt_ids):
+            raise RuntimeError("injected runner failure")
         for slot, prompt, row in zip(batch.slots, batch.prompt_ids, batch.sampling):
             self.seqs[slot] = (list(prompt), 0, random.Random(row.seed))
         return self._step(batch.slots, batch.sampling, batch.num_logprobs or [None] * len(batch.slots))
