@@ -26,7 +26,7 @@ run: default-model
 	$(VENV)/bin/neuronmodel-runtime serve
 
 ## Every test: unit, parity, live server, import layering.
-test: default-model
+test: default-model k8s-bin
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
@@ -38,11 +38,23 @@ lint: $(STAMP)
 
 ## Every benchmark; each prints one JSON line per figure.
 bench: default-model
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 ## Re-create the committed tiny test models (deterministic; minutes on 2 cores).
 tiny-models: $(STAMP)
 	$(PY) scripts/make_tiny_models.py
+
+## The local Kubernetes control plane (scripts/k8s/): binaries built once into $(NEURONMODEL_CACHE)/k8s/.
+.PHONY: k8s-bin cluster cluster-down
+k8s-bin: $(STAMP)
+	PYTHONPATH=scripts $(PY) -m k8s.install
+
+## etcd, kube-apiserver, controller-manager, scheduler and kwok with fake Neuron nodes; state in .cluster/.
+cluster: k8s-bin
+	PYTHONPATH=scripts $(PY) -m k8s.cluster up
+
+cluster-down: $(STAMP)
+	PYTHONPATH=scripts $(PY) -m k8s.cluster down
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,87 @@
+"""Shared benchmark plumbing: figures as JSON lines, a runtime server subprocess, streaming clients."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_TARGET = ROOT / "tests" / "assets" / "tiny" / "target"
+TINY_DRAFT = ROOT / "tests" / "assets" / "tiny" / "draft"
+
+
+def figure(name: str, value: float, goal: str, **extra) -> None:
+    """Print one figure as the JSON line `make bench` and the notes rely on."""
+    print(json.dumps({"figure": name, "value": round(float(value), 4), "goal": goal, **extra}), flush=True)
+
+
+def p50(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def runtime_server(config: dict, ready_timeout: float = 300.0) -> Iterator[str]:
+    """Run `neuronmodel-runtime serve` with this RuntimeConfig in a subprocess; yield its base URL."""
+    port = free_port()
+    config = {**config, "server": {**config.get("server", {}), "port": port, "host": "127.0.0.1"}}
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"neuronmodel-bench-{port}.json"
+    path.write_text(json.dumps(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(path), "--log-level", "WARNING"],
+        cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/ready", timeout=1.0).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not become ready")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        if proc.poll() is None:
+            proc.kill()
+        path.unlink(missing_ok=True)
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> tuple[float, Optional[float], int]:
+    """One streaming completion; returns (total seconds, seconds to first token, completion tokens)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first: Optional[float] = None
+    tokens = 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk.get("choices"):
+                first = time.perf_counter() - started
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return time.perf_counter() - started, first, tokens
