@@ -7,9 +7,11 @@ real streams, waiting queue, aborts and timeouts, in milliseconds and without to
 from __future__ import annotations
 
 import random
+import socket
+import threading
 import time
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Optional
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator, Optional
 
 import httpx
 
@@ -126,3 +128,29 @@ async def asgi_client(config: Optional[RuntimeConfig] = None, delay: float = 0.0
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as client:
             yield client, app
+
+
+@contextmanager
+def live_server(config: Optional[RuntimeConfig] = None, delay: float = 0.0) -> Iterator[tuple[str, Any, Any]]:
+    """(base URL, app, DrainingServer): a real uvicorn server on a free port, run on a background thread."""
+    from neuronmodel_runtime.server.app import create_app
+    from neuronmodel_runtime.server.runner import build_server
+
+    config = config or make_config()
+    app = create_app(make_engine(config, delay), config)
+    server = build_server(app, config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(500):
+            if server.started or not thread.is_alive():
+                break
+            time.sleep(0.01)
+        assert server.started, "uvicorn did not start"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app, server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()

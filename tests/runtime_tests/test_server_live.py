@@ -1,0 +1,216 @@
+"""A real uvicorn server (on a thread, or as its own process) driven by the official `openai` client and by
+clients that disconnect: completions, chat, streaming with usage, n=2, seeds, disconnects, SIGTERM drain."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from fakes import MODEL, live_server, make_config
+
+HERE = Path(__file__).parent
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def wait_until(predicate, timeout=5.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_openai_client_completions_chat_streaming_n_and_seeds():
+    config = make_config(**{"server.api_key": "k-123"})
+    with live_server(config) as (url, _, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k-123", max_retries=0)
+        assert [m.id for m in client.models.list()] == [MODEL]
+
+        done = client.completions.create(model=MODEL, prompt="hello", temperature=0)
+        assert done.choices[0].text == "hello" and done.choices[0].finish_reason == "stop"
+        assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (5, 6)
+
+        chat = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=3)
+        assert chat.choices[0].message.content == "<us" and chat.choices[0].finish_reason == "length"
+
+        stream = client.chat.completions.create(
+            model=MODEL, messages=CHAT, stream=True, n=2, max_tokens=5, temperature=1, seed=11,
+            stream_options={"include_usage": True},
+        )
+        texts, usage = {0: "", 1: ""}, None
+        for chunk in stream:
+            for choice in chunk.choices:
+                texts[choice.index] += choice.delta.content or ""
+            usage = chunk.usage or usage
+        assert all(len(t) == 5 for t in texts.values()) and texts[0] != texts[1]
+        assert usage.completion_tokens == 10 and usage.prompt_tokens == len("<user>hi\n<assistant>")
+
+        again = client.chat.completions.create(
+            model=MODEL, messages=CHAT, n=2, max_tokens=5, temperature=1, seed=11
+        )
+        assert [c.message.content for c in again.choices] == [texts[0], texts[1]], "same seed, same text"
+
+        extras = client.completions.create(
+            model=MODEL, prompt="abc", max_tokens=4, extra_body={"top_k": 1, "ignore_eos": True, "min_tokens": 4}
+        )
+        assert extras.choices[0].text == "abc" and extras.usage.completion_tokens == 4
+
+        streamed = client.completions.create(model=MODEL, prompt="xyz", stream=True, temperature=0)
+        assert "".join(c.choices[0].text for c in streamed) == "xyz"
+
+        with pytest.raises(openai.BadRequestError, match="top_p must be in"):
+            client.completions.create(model=MODEL, prompt="x", top_p=2)
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            client.completions.create(model="other", prompt="x")
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_streaming_client_disconnect_aborts_and_frees_the_slot():
+    with live_server(delay=0.02) as (url, app, _):
+        engine = app.state.serving.engine
+        body = {"prompt": "x", "max_tokens": 240, "temperature": 1, "stream": True}  # ~5 s if not aborted
+        with httpx.Client(base_url=url) as client:
+            with client.stream("POST", "/v1/completions", json=body) as r:
+                first = next(r.iter_lines())
+                assert first.startswith("data: ") and engine.num_unfinished == 1
+        started = time.monotonic()
+        wait_until(lambda: engine.num_unfinished == 0 and engine.stats().num_running == 0, what="slot freed")
+        assert time.monotonic() - started < 2
+        assert not app.state.serving._live
+
+
+def test_non_streaming_client_disconnect_aborts_and_frees_the_slot():
+    with live_server(delay=0.02) as (url, app, _):
+        engine = app.state.serving.engine
+        host, port = url.removeprefix("http://").split(":")
+        payload = json.dumps({"prompt": "x", "max_tokens": 240, "temperature": 1}).encode()
+        conn = socket.create_connection((host, int(port)))
+        conn.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        )
+        wait_until(lambda: engine.stats().num_running == 1, what="request running")
+        conn.close()
+        started = time.monotonic()
+        wait_until(lambda: engine.num_unfinished == 0 and engine.stats().num_running == 0, what="slot freed")
+        assert time.monotonic() - started < 2
+        wait_until(lambda: not app.state.serving._live, what="generation closed")
+
+
+def _post_in_background(url, body, results, key):
+    def run():
+        with httpx.Client(base_url=url, timeout=30) as client:
+            r = client.post("/v1/completions", json=body)
+            results[key] = (r.status_code, r.text)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_drain_finishes_in_flight_requests_refuses_new_ones_then_exits():
+    with live_server(delay=0.01) as (url, app, server):
+        engine = app.state.serving.engine
+        results = {}
+        threads = [
+            _post_in_background(url, {"prompt": "x", "max_tokens": 60, "temperature": 1}, results, "plain"),
+            _post_in_background(url, {"prompt": "x", "max_tokens": 60, "temperature": 1, "stream": True},
+                                results, "stream"),
+        ]
+        wait_until(lambda: engine.num_unfinished == 2, what="both in flight")
+        server.handle_exit(signal.SIGTERM, None)
+        wait_until(lambda: app.state.serving.draining, what="draining")
+        with httpx.Client(base_url=url) as client:
+            assert client.get("/ready").status_code == 503
+            refused = client.post("/v1/completions", json={"prompt": "x"})
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+        for thread in threads:
+            thread.join(timeout=10)
+        status, text = results["plain"]
+        assert status == 200 and json.loads(text)["choices"][0]["finish_reason"] == "length"
+        assert json.loads(text)["usage"]["completion_tokens"] == 60
+        status, text = results["stream"]
+        assert status == 200 and '"finish_reason":"length"' in text and text.rstrip().endswith("data: [DONE]")
+        wait_until(lambda: server.should_exit, what="server exit")
+
+
+def test_drain_timeout_aborts_what_is_left():
+    config = make_config(**{"server.drain_timeout_s": 0.3})
+    with live_server(config, delay=0.02) as (url, app, server):
+        results = {}
+        thread = _post_in_background(url, {"prompt": "x", "max_tokens": 240, "temperature": 1}, results, "slow")
+        wait_until(lambda: app.state.serving.engine.num_unfinished == 1, what="in flight")
+        server.handle_exit(signal.SIGTERM, None)
+        thread.join(timeout=10)
+        status, text = results["slow"]
+        assert status == 200 and json.loads(text)["choices"][0]["finish_reason"] == "abort"
+        wait_until(lambda: server.should_exit, what="server exit")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sigterm_drain(cmd: list[str], port: int, body: dict, startup_timeout: float) -> None:
+    """Start the server process, put requests in flight, SIGTERM it: every request completes, exit code 0."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ready():
+            try:
+                return httpx.get(f"{url}/ready", timeout=1).status_code == 200
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stdout.read()
+                return False
+
+        wait_until(ready, timeout=startup_timeout, what="server ready")
+        results = {}
+        threads = [_post_in_background(url, {**body, "stream": i % 2 == 1}, results, i) for i in range(4)]
+        wait_until(lambda: _running(url) + _waiting(url) == 4, timeout=30, what="requests in flight")
+        proc.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(timeout=60)
+        assert proc.wait(timeout=60) == 0
+        log = proc.stdout.read()
+        assert "draining: 4 request(s) in flight" in log and "drain complete" in log, log
+        for i in range(4):
+            status, text = results[i]
+            assert status == 200, text
+            assert '"finish_reason":"length"' in text.replace(" ", "")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _gauge(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _running(url: str) -> float:
+    return _gauge(url, "vllm:num_requests_running")
+
+
+def _waiting(url: str) -> float:
+    return _gauge(url, "vllm:num_requests_waiting")
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0():
+    port = _free_port()
+    cmd = [sys.executable, str(HERE / "fake_server.py"), str(port), "0.01"]
+    _sigterm_drain(cmd, port, {"prompt": "x", "max_tokens": 50, "temperature": 1}, startup_timeout=30)
