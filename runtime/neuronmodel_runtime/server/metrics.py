@@ -66,6 +66,16 @@ class _EngineCollector(Collector):
         yield per_pos
 
 
+class _Static(Collector):
+    """A metric family whose value never changes (the info gauge)."""
+
+    def __init__(self, family: GaugeMetricFamily):
+        self.family = family
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield self.family
+
+
 def _framework_labels(info: dict[str, Any]) -> tuple[str, str]:
     """(framework, version) from `AsyncEngine.info()`: the framework selection, else the runner's own claim."""
     selected = (info.get("framework") or {}).get("selected") or {}
@@ -129,13 +139,3 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class _Static(Collector):
-    """A metric family whose value never changes (the info gauge)."""
-
-    def __init__(self, family: GaugeMetricFamily):
-        self.family = family
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield self.family

@@ -69,14 +69,16 @@ def error_event(message: str) -> str:
 class Generation:
     """The engine requests ("choices") behind one HTTP request, merged into one ordered event stream."""
 
-    def __init__(self, owner: "Serving", request_id: str, streams: list[RequestStream], prompt_lens: list[int]):
+    def __init__(self, request_id: str, streams: list[RequestStream], prompt_lens: list[int], metrics: Metrics,
+                 on_close: Callable[["Generation"], None]):
         self.request_id = request_id
-        self._owner = owner
         self._streams = streams
         self._prompt_lens = prompt_lens  # per prompt (not per choice): usage counts each prompt once
         self._num_output = [0] * len(streams)
         self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         self._pumps = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
+        self._metrics = metrics
+        self._on_close = on_close
         self._closed = False
 
     async def _pump(self, index: int, stream: RequestStream) -> None:
@@ -139,10 +141,10 @@ class Generation:
         self.abort()
         for pump in self._pumps:
             pump.cancel()
-        self._owner._live.discard(self)
+        self._on_close(self)
 
     def _finished(self, out: RequestOutput) -> None:
-        self._owner.metrics.observe_finished(out)
+        self._metrics.observe_finished(out)
         m = out.metrics
         ttft = f"{m.ttft:.3f}s" if m and m.ttft is not None else "-"
         total = f"{m.e2e:.3f}s" if m and m.e2e is not None else "-"
@@ -245,7 +247,7 @@ class Serving:
             for stream in streams:
                 stream.abort()
             raise APIError(503, str(exc), code="not_ready") from None
-        generation = Generation(self, request_id, streams, [len(p) for p in prompts])
+        generation = Generation(request_id, streams, [len(p) for p in prompts], self.metrics, self._live.discard)
         self._live.add(generation)
         return generation
 
