@@ -17,7 +17,7 @@ _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
