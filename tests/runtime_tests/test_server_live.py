@@ -8,7 +8,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import openai
@@ -163,32 +165,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _sigterm_drain(cmd: list[str], port: int, body: dict, startup_timeout: float) -> None:
-    """Start the server process, put requests in flight, SIGTERM it: every request completes, exit code 0."""
+@contextmanager
+def server_process(cmd: list[str], port: int, startup_timeout: float) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A server started as its own process, ready; killed at the end if still running."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        def ready():
-            try:
-                return httpx.get(f"{url}/ready", timeout=1).status_code == 200
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.stdout.read()
-                return False
 
+    def ready():
+        try:
+            return httpx.get(f"{url}/ready", timeout=1).status_code == 200
+        except httpx.TransportError:
+            assert proc.poll() is None, proc.stdout.read()
+            return False
+
+    try:
         wait_until(ready, timeout=startup_timeout, what="server ready")
-        results = {}
-        threads = [_post_in_background(url, {**body, "stream": i % 2 == 1}, results, i) for i in range(4)]
-        wait_until(lambda: _running(url) + _waiting(url) == 4, timeout=30, what="requests in flight")
-        proc.send_signal(signal.SIGTERM)
-        for thread in threads:
-            thread.join(timeout=60)
-        assert proc.wait(timeout=60) == 0
-        log = proc.stdout.read()
-        assert "draining: 4 request(s) in flight" in log and "drain complete" in log, log
-        for i in range(4):
-            status, text = results[i]
-            assert status == 200, text
-            assert '"finish_reason":"length"' in text.replace(" ", "")
+        yield url, proc
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -202,15 +194,77 @@ def _gauge(url: str, name: str) -> float:
     return 0.0
 
 
-def _running(url: str) -> float:
-    return _gauge(url, "vllm:num_requests_running")
+def assert_sigterm_drains(proc: subprocess.Popen, url: str, body: dict, requests: int = 4) -> None:
+    """Put requests in flight (half streaming), SIGTERM: each completes in full, and the process exits 0."""
+    results = {}
+    threads = [_post_in_background(url, {**body, "stream": i % 2 == 1}, results, i) for i in range(requests)]
 
+    def in_flight() -> float:
+        return _gauge(url, "vllm:num_requests_running") + _gauge(url, "vllm:num_requests_waiting")
 
-def _waiting(url: str) -> float:
-    return _gauge(url, "vllm:num_requests_waiting")
+    wait_until(lambda: in_flight() == requests, timeout=30, what="requests in flight")
+    proc.send_signal(signal.SIGTERM)
+    for thread in threads:
+        thread.join(timeout=60)
+    assert proc.wait(timeout=60) == 0
+    log = proc.stdout.read()
+    assert "drain complete" in log, log
+    for i in range(requests):
+        status, text = results[i]
+        assert status == 200 and '"finish_reason":"length"' in text.replace(" ", ""), text
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_0():
     port = _free_port()
     cmd = [sys.executable, str(HERE / "fake_server.py"), str(port), "0.01"]
-    _sigterm_drain(cmd, port, {"prompt": "x", "max_tokens": 50, "temperature": 1}, startup_timeout=30)
+    with server_process(cmd, port, startup_timeout=30) as (url, proc):
+        assert_sigterm_drains(proc, url, {"prompt": "x", "max_tokens": 50, "temperature": 1})
+
+
+TINY = HERE.parent / "assets" / "tiny" / "target"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="no tiny test model (make tiny-models)")
+def test_cli_server_on_the_tiny_model(tmp_path):
+    """The real process (`neuronmodel-runtime serve --config`), engine and reference runner, driven by the
+    openai client, then SIGTERM with requests in flight."""
+    port = _free_port()
+    max_model_len = min(256, json.loads((TINY / "config.json").read_text()).get("max_position_embeddings", 256))
+    config = {"model": str(TINY), "framework": "torch", "max_num_seqs": 4, "max_model_len": max_model_len,
+              "max_context_length": max_model_len // 2, "server": {"port": port, "served_model_name": "tiny"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cmd = [sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(tmp_path / "config.json")]
+    with server_process(cmd, port, startup_timeout=120) as (url, proc):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["tiny"]
+        prompt = "Once upon a time"
+        greedy = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+        assert greedy.choices[0].finish_reason in ("stop", "length") and greedy.usage.completion_tokens <= 24
+        streamed = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(streamed)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy.choices[0].text
+        assert chunks[-1].usage.completion_tokens == greedy.usage.completion_tokens
+
+        sampled = dict(model="tiny", prompt=prompt, max_tokens=16, temperature=1.0, top_p=0.9, n=2, seed=5)
+        first = [c.text for c in client.completions.create(**sampled).choices]
+        assert [c.text for c in client.completions.create(**sampled).choices] == first, "seeded: reproducible"
+
+        chat_template = (TINY / "chat_template.jinja").is_file() or "chat_template" in json.loads(
+            (TINY / "tokenizer_config.json").read_text()
+        )
+        messages = [{"role": "user", "content": "Hello"}]
+        if chat_template:
+            chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+            assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 8
+        else:
+            with pytest.raises(openai.BadRequestError, match="chat template"):
+                client.chat.completions.create(model="tiny", messages=messages, max_tokens=8)
+        with pytest.raises(openai.BadRequestError, match="max_context_length"):
+            client.completions.create(model="tiny", prompt=list(range(1, max_model_len)), max_tokens=1)
+
+        body = {"prompt": prompt, "max_tokens": max_model_len // 2, "temperature": 1, "ignore_eos": True}
+        assert_sigterm_drains(proc, url, body)
