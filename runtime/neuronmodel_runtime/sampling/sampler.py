@@ -1,0 +1,116 @@
+"""The on-device sampler: vectorized over rows, one `torch.Generator` per row, on the logits' device.
+
+Glossary:
+    candidates: the `K = min(global_top_k, V)` highest logits of a row (NxDI's `max_topk` optimisation); every
+        per-row filter works inside them, so a token outside the global top-k is never sampled.
+    processing: in NxDI's order, temperature (divide the candidates' logits), per-row top-k (keep the k best),
+        top-p (keep the smallest prefix of the sorted candidates whose probability mass reaches top_p; the top
+        candidate is always kept), then renormalise; a dropped candidate gets logprob -inf.
+    greedy row: top_k == 1; its token is the exact argmax of the raw logits (ties go to the lowest id, as
+        `torch.argmax`), never a draw.
+    sampled row: any other row; its token is drawn with the row's own generator by an exponential race,
+        `argmax(p / E)` with `E ~ Exp(1)` per candidate, which picks candidate i with probability p_i. A row
+        draws exactly K numbers per step from its own generator, so its output never depends on the other rows.
+
+Note: NxDI drops the candidate whose cumulative mass first exceeds top_p; we keep it (the nucleus of Holtzman et
+al., as vLLM and transformers do), so that top_p reaches at least the requested mass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from neuronmodel_runtime.sampling.tensors import TEMPERATURE, TOP_K, TOP_P
+
+
+def _greedy_rows(params: torch.Tensor) -> list[bool]:
+    """Per row: True when top_k == 1 (read on the host: params are small and usually there already)."""
+    return (params[:, TOP_K].cpu() == 1).tolist()
+
+
+def processed_logprobs(
+    logits: torch.Tensor, params: torch.Tensor, global_top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidates of each row and their log-probabilities after temperature, top-k and top-p.
+
+    Args:
+        logits: `[B, V]` raw logits (any float dtype; computed in float32).
+        params: `[B, 3]` sampling tensor (top_k, top_p, temperature); top_k -1 means all K candidates.
+        global_top_k: candidates kept per row before the per-row filters.
+
+    Returns:
+        candidate_ids: `[B, K]` int64 token ids, by decreasing logit (tied logits in unspecified order).
+        candidate_logprobs: `[B, K]` float32, log-softmax of the processed logits; -inf where filtered out.
+    """
+    logits = logits.float()
+    num_candidates = min(global_top_k, logits.shape[-1])
+    values, candidate_ids = torch.topk(logits, num_candidates, dim=-1)  # [B, K] each, sorted
+    params = params.to(device=logits.device, dtype=torch.float32)
+    top_k = params[:, TOP_K : TOP_K + 1]  # [B, 1]
+    top_k = torch.where(top_k <= 0, float(num_candidates), top_k)
+    top_p = params[:, TOP_P : TOP_P + 1]  # [B, 1]
+    temperature = params[:, TEMPERATURE : TEMPERATURE + 1]  # [B, 1]
+
+    rank = torch.arange(num_candidates, device=logits.device)  # [K]
+    scaled = (values / temperature).masked_fill(rank >= top_k, float("-inf"))  # [B, K]
+    probs = torch.softmax(scaled, dim=-1)  # [B, K]
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # [B, K], 0 for the top candidate
+    # NOTE: top_p == 1 keeps everything even where float rounding pushes the running mass to 1 early.
+    beyond_nucleus = (mass_before >= top_p) & (top_p < 1.0)  # [B, K]
+    scaled = scaled.masked_fill(beyond_nucleus, float("-inf"))
+    return candidate_ids, torch.log_softmax(scaled, dim=-1)
+
+
+def target_probs(logits: torch.Tensor, params: torch.Tensor, global_top_k: int) -> torch.Tensor:
+    """The full-vocabulary distribution `sample` draws from, per row (greedy rows: one-hot at the argmax).
+
+    Speculative rejection sampling uses it for both the target (p) and the draft (q) distributions.
+
+    Args:
+        logits: `[B, V]` raw logits.
+        params: `[B, 3]` sampling tensor.
+        global_top_k: candidates kept per row before the per-row filters.
+
+    Returns:
+        `[B, V]` float32 probabilities, zero outside each row's kept candidates; rows sum to 1.
+    """
+    candidate_ids, candidate_logprobs = processed_logprobs(logits, params, global_top_k)
+    probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)  # [B, V]
+    probs.scatter_(1, candidate_ids, candidate_logprobs.exp())
+    greedy = torch.tensor(_greedy_rows(params), device=logits.device)  # [B]
+    if bool(greedy.any()):
+        one_hot = torch.zeros_like(probs).scatter_(1, torch.argmax(logits, dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy[:, None], one_hot, probs)
+    return probs
+
+
+def sample(
+    logits: torch.Tensor, params: torch.Tensor, generators: list[torch.Generator], global_top_k: int
+) -> torch.Tensor:
+    """One token per row: exact argmax for greedy rows, a draw with the row's own generator otherwise.
+
+    Args:
+        logits: `[B, V]` raw logits, on any device.
+        params: `[B, 3]` sampling tensor (top_k, top_p, temperature).
+        generators: B generators on the logits' device, row i draws from `generators[i]` only.
+        global_top_k: candidates kept per row before the per-row filters.
+
+    Returns:
+        `[B]` int64 token ids on the logits' device.
+    """
+    tokens = torch.argmax(logits, dim=-1)  # [B]
+    sampled = [i for i, greedy in enumerate(_greedy_rows(params)) if not greedy]
+    if not sampled:
+        return tokens
+    index = torch.tensor(sampled, device=logits.device)  # [S]
+    candidate_ids, candidate_logprobs = processed_logprobs(logits[index], params[sampled], global_top_k)  # [S, K]
+    race = torch.empty(candidate_logprobs.shape, dtype=torch.float32, device=logits.device)  # [S, K]
+    for row, i in enumerate(sampled):
+        race[row].exponential_(generator=generators[i])
+    # argmax(p / E) == argmax(log p - log E); the clamp keeps an E of exactly 0 from turning -inf into NaN.
+    choice = torch.argmax(candidate_logprobs - race.clamp_min(1e-30).log(), dim=-1, keepdim=True)  # [S, 1]
+    tokens[index] = candidate_ids.gather(1, choice).squeeze(1)
+    return tokens
+
+
+__all__ = ["processed_logprobs", "sample", "target_probs"]
