@@ -77,6 +77,13 @@ def test_openai_client_completions_chat_streaming_n_and_seeds():
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
 
 
+def aborts_counted(app) -> float:
+    for line in app.state.metrics.render().decode().splitlines():
+        if line.startswith('vllm:request_success_total{finished_reason="abort"'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_streaming_client_disconnect_aborts_and_frees_the_slot():
     with live_server(delay=0.02) as (url, app, _):
         engine = app.state.serving.engine
@@ -88,6 +95,7 @@ def test_streaming_client_disconnect_aborts_and_frees_the_slot():
         started = time.monotonic()
         wait_until(lambda: engine.num_unfinished == 0 and engine.stats().num_running == 0, what="slot freed")
         assert time.monotonic() - started < 2
+        wait_until(lambda: aborts_counted(app) == 1, what="abort counted")
         assert not app.state.serving._live
 
 
@@ -106,7 +114,7 @@ def test_non_streaming_client_disconnect_aborts_and_frees_the_slot():
         started = time.monotonic()
         wait_until(lambda: engine.num_unfinished == 0 and engine.stats().num_running == 0, what="slot freed")
         assert time.monotonic() - started < 2
-        wait_until(lambda: not app.state.serving._live, what="generation closed")
+        wait_until(lambda: not app.state.serving._live and aborts_counted(app) == 1, what="generation closed")
 
 
 def _post_in_background(url, body, results, key):

@@ -76,13 +76,17 @@ class Generation:
         self._prompt_lens = prompt_lens  # per prompt (not per choice): usage counts each prompt once
         self._num_output = [0] * len(streams)
         self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
-        self._pumps = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
+        self._pumps = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]  # held: not GC'd
         self._metrics = metrics
         self._on_close = on_close
         self._closed = False
 
     async def _pump(self, index: int, stream: RequestStream) -> None:
+        """Relays one choice's outputs; runs until the engine's final output, even after `close()`, so every
+        engine request is logged and counted once (aborted ones included)."""
         async for out in stream:
+            if out.finished:
+                self._finished(out)
             self._queue.put_nowait((index, out))
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -93,7 +97,6 @@ class Generation:
             self._num_output[index] = out.num_output_tokens
             if out.finished:
                 unfinished -= 1
-                self._finished(out)
             yield index, out
 
     async def collect(self, receive: Receive) -> list[ChoiceResult]:
@@ -139,8 +142,6 @@ class Generation:
             return
         self._closed = True
         self.abort()
-        for pump in self._pumps:
-            pump.cancel()
         self._on_close(self)
 
     def _finished(self, out: RequestOutput) -> None:
