@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from fakes import MODEL, live_server, make_config
+from neuronmodel_runtime.config import default_model_path
 
 HERE = Path(__file__).parent
 CHAT = [{"role": "user", "content": "hi"}]
@@ -230,49 +231,57 @@ def test_sigterm_drains_in_flight_requests_and_exits_0():
 
 
 TINY = HERE.parent / "assets" / "tiny" / "target"
+MODELS = [
+    pytest.param(TINY, 128, marks=pytest.mark.skipif(not (TINY / "config.json").is_file(),
+                                                     reason="no tiny test model (make tiny-models)"), id="tiny"),
+    pytest.param(default_model_path(), 24, marks=[
+        pytest.mark.smollm2, pytest.mark.skipif(not (default_model_path() / "config.json").is_file(),
+                                                reason="no embedded default model (make default-model)")],
+        id="smollm2"),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="no tiny test model (make tiny-models)")
-def test_cli_server_on_the_tiny_model(tmp_path):
+@pytest.mark.parametrize(("model", "drain_tokens"), MODELS)
+def test_cli_server_on_a_real_model(tmp_path, model, drain_tokens):
     """The real process (`neuronmodel-runtime serve --config`), engine and reference runner, driven by the
     openai client, then SIGTERM with requests in flight."""
     port = _free_port()
-    max_model_len = min(256, json.loads((TINY / "config.json").read_text()).get("max_position_embeddings", 256))
-    config = {"model": str(TINY), "framework": "torch", "max_num_seqs": 4, "max_model_len": max_model_len,
-              "max_context_length": max_model_len // 2, "server": {"port": port, "served_model_name": "tiny"}}
+    max_model_len = min(256, json.loads((model / "config.json").read_text()).get("max_position_embeddings", 256))
+    config = {"model": str(model), "framework": "torch", "max_num_seqs": 4, "max_model_len": max_model_len,
+              "max_context_length": max_model_len // 2, "server": {"port": port, "served_model_name": "served"}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     cmd = [sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(tmp_path / "config.json")]
     with server_process(cmd, port, startup_timeout=120) as (url, proc):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        assert [m.id for m in client.models.list()] == ["tiny"]
+        assert [m.id for m in client.models.list()] == ["served"]
         prompt = "Once upon a time"
-        greedy = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+        greedy = client.completions.create(model="served", prompt=prompt, max_tokens=24, temperature=0)
         assert greedy.choices[0].finish_reason in ("stop", "length") and greedy.usage.completion_tokens <= 24
         streamed = client.completions.create(
-            model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True,
+            model="served", prompt=prompt, max_tokens=24, temperature=0, stream=True,
             stream_options={"include_usage": True},
         )
         chunks = list(streamed)
         assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy.choices[0].text
         assert chunks[-1].usage.completion_tokens == greedy.usage.completion_tokens
 
-        sampled = dict(model="tiny", prompt=prompt, max_tokens=16, temperature=1.0, top_p=0.9, n=2, seed=5)
+        sampled = dict(model="served", prompt=prompt, max_tokens=16, temperature=1.0, top_p=0.9, n=2, seed=5)
         first = [c.text for c in client.completions.create(**sampled).choices]
         assert [c.text for c in client.completions.create(**sampled).choices] == first, "seeded: reproducible"
 
-        chat_template = (TINY / "chat_template.jinja").is_file() or "chat_template" in json.loads(
-            (TINY / "tokenizer_config.json").read_text()
+        chat_template = (model / "chat_template.jinja").is_file() or "chat_template" in json.loads(
+            (model / "tokenizer_config.json").read_text()
         )
         messages = [{"role": "user", "content": "Hello"}]
         if chat_template:
-            chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+            chat = client.chat.completions.create(model="served", messages=messages, max_tokens=8, temperature=0)
             assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 8
         else:
             with pytest.raises(openai.BadRequestError, match="chat template"):
-                client.chat.completions.create(model="tiny", messages=messages, max_tokens=8)
+                client.chat.completions.create(model="served", messages=messages, max_tokens=8)
         with pytest.raises(openai.BadRequestError, match="max_context_length"):
-            client.completions.create(model="tiny", prompt=list(range(1, max_model_len)), max_tokens=1)
+            client.completions.create(model="served", prompt=list(range(1, max_model_len)), max_tokens=1)
 
-        body = {"prompt": prompt, "max_tokens": max_model_len // 2, "temperature": 1, "ignore_eos": True}
+        body = {"prompt": prompt, "max_tokens": drain_tokens, "temperature": 1, "ignore_eos": True}
         assert_sigterm_drains(proc, url, body)
