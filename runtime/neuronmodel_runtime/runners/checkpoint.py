@@ -1,0 +1,172 @@
+"""Loading a Hugging Face checkpoint folder (config.json + safetensors) into `LlamaConfig` / `LlamaWeights`.
+
+Reads both config dialects: transformers 4.x (`rope_theta`, `rope_scaling`) and 5.x (`rope_parameters`).
+Every failure is a `RunnerError` that names the file or key and what to change.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from neuronmodel_runtime.runners.base import RunnerError
+from neuronmodel_runtime.runners.llama import LayerWeights, LlamaConfig, LlamaWeights
+
+#: Architectures (config.json `architectures[0]`) the reference runner implements.
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """RuntimeConfig.dtype -> torch dtype; "auto" is float32 on CPU and bfloat16 on accelerators."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return _DTYPES[dtype]
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, Optional[dict]]:
+    """(rope_theta, scaling dict or None) from either config dialect."""
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type not in ("linear", "llama3"):
+        raise RunnerError(f"config.json: rope type {rope_type!r} is not supported (supported: default, linear, llama3)")
+    scaling = {**params, "rope_type": rope_type}
+    if rope_type == "llama3":
+        scaling.setdefault("original_max_position_embeddings", raw["max_position_embeddings"])
+    return theta, scaling
+
+
+def _sliding_window(raw: dict[str, Any], architecture: str) -> Optional[int]:
+    """The attention window in tokens, or None for full attention (Qwen2 uses one only with use_sliding_window)."""
+    if architecture == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
+        return None
+    return raw.get("sliding_window")
+
+
+def read_config(model_dir: Path, max_model_len: int) -> LlamaConfig:
+    """Parse `model_dir/config.json`.
+
+    Raises:
+        RunnerError: missing file, unsupported architecture or activation, or a sliding window shorter than
+            max_model_len (the reference runner implements full attention only).
+    """
+    path = model_dir / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise RunnerError(f"cannot read {path}: {exc.strerror}; model must be a Hugging Face folder") from exc
+    architecture = (raw.get("architectures") or ["?"])[0]
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise RunnerError(
+            f"{path}: architecture {architecture!r} is not supported by the torch reference runner "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    if raw.get("hidden_act", "silu") != "silu":
+        raise RunnerError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (only silu)")
+    window = _sliding_window(raw, architecture)
+    if window is not None and max_model_len > window:
+        raise RunnerError(
+            f"{path}: sliding_window is {window} tokens but max_model_len is {max_model_len}; the reference runner "
+            f"implements full attention only, so set max_model_len <= {window}"
+        )
+    theta, scaling = _rope(raw)
+    heads = raw["num_attention_heads"]
+    return LlamaConfig(
+        architecture=architecture,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=raw.get("max_position_embeddings", max_model_len),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+    )
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / name for name in shards]
+    single = model_dir / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise RunnerError(
+        f"{model_dir}: no model.safetensors or model.safetensors.index.json (only safetensors weights are supported)"
+    )
+
+
+def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, by name, on the CPU in its stored dtype."""
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in _weight_files(model_dir):
+        if not path.exists():
+            raise RunnerError(f"{path}: shard listed in model.safetensors.index.json is missing")
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def build_weights(
+    config: LlamaConfig, tensors: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+) -> LlamaWeights:
+    """Fuse and move the checkpoint's tensors (transformers' names) into `LlamaWeights`.
+
+    Raises:
+        RunnerError: a required tensor is missing.
+    """
+
+    def take(name: str) -> torch.Tensor:
+        if name not in tensors:
+            raise RunnerError(f"checkpoint has no tensor {name!r} (is it a {config.architecture} checkpoint?)")
+        return tensors.pop(name).to(device=device, dtype=dtype)
+
+    def maybe(name: str) -> Optional[torch.Tensor]:
+        return take(name) if name in tensors else None
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        q, k, v = (take(f"{p}self_attn.{n}_proj.weight") for n in ("q", "k", "v"))
+        biases = [maybe(f"{p}self_attn.{n}_proj.bias") for n in ("q", "k", "v")]
+        qkv_bias = None
+        if any(b is not None for b in biases):
+            sizes = (q.shape[0], k.shape[0], v.shape[0])
+            qkv_bias = torch.cat([b if b is not None else q.new_zeros(n) for b, n in zip(biases, sizes)])
+        layers.append(
+            LayerWeights(
+                input_norm=take(f"{p}input_layernorm.weight"),
+                qkv=torch.cat((q, k, v)),
+                qkv_bias=qkv_bias,
+                o=take(f"{p}self_attn.o_proj.weight"),
+                o_bias=maybe(f"{p}self_attn.o_proj.bias"),
+                post_norm=take(f"{p}post_attention_layernorm.weight"),
+                gate_up=torch.cat((take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight"))),
+                down=take(f"{p}mlp.down_proj.weight"),
+            )
+        )
+    embed = take("model.embed_tokens.weight")
+    tied = config.tie_word_embeddings or "lm_head.weight" not in tensors
+    if tied and not config.tie_word_embeddings:
+        raise RunnerError("checkpoint has no tensor 'lm_head.weight' and tie_word_embeddings is false")
+    return LlamaWeights(
+        embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=embed if tied else take("lm_head.weight")
+    )
+
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "build_weights", "read_config", "read_tensors", "resolve_dtype"]
