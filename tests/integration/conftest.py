@@ -1,0 +1,134 @@
+"""Session fixtures for tests against a real local control plane (the code of `make cluster`).
+
+`control_plane` starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake
+EKS Neuron nodes, `scripts/k8s/nodes.py`) once per session and stops exactly those processes at the
+end, at exit, or, if pytest is killed, through PR_SET_PDEATHSIG. The binaries come from
+`make k8s-bin` (a dependency of `make test`); without them these tests skip with the reason.
+
+Helpers (session fixtures): `admin_client` (official `kubernetes` client as `system:masters`),
+`service_account` (a ServiceAccount bound to a Role, authenticated by a TokenRequest token),
+`install_crds` (server-side apply + wait for Established), `wait_until`, `namespace` (per test).
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+kubernetes = pytest.importorskip("kubernetes", reason="the `operator` extra is not installed")
+from kubernetes import client as k8s  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from k8s import cluster, install  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory) -> cluster.ControlPlane:
+    missing = install.missing()
+    if missing:
+        pytest.skip(f"LOCAL CONTROL PLANE NOT INSTALLED ({', '.join(missing)} missing from "
+                    f"{install.cache_dir()}): run `make k8s-bin` once (a cold Go build takes about half an hour)")
+    plane = cluster.ControlPlane(tmp_path_factory.mktemp("control-plane"))
+    atexit.register(plane.stop, remove=False)
+    seconds = plane.start(die_with_parent=True)
+    print(f"\ncontrol plane {install.K8S_VERSION} ready in {seconds:.1f} s; logs in {plane.data_dir / 'logs'}")
+    yield plane
+    plane.stop(remove=False)  # keep the logs in pytest's tmp dir
+
+
+@pytest.fixture(scope="session")
+def admin_client(control_plane) -> k8s.ApiClient:
+    return kubernetes.config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def wait_until():
+    """`wait_until(what, fn, timeout=60)`: poll `fn` until it returns something truthy, and return it."""
+
+    def wait(what: str, fn, timeout: float = 60.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            result = fn()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+            time.sleep(0.2)
+
+    return wait
+
+
+@pytest.fixture
+def namespace(admin_client) -> str:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core = k8s.CoreV1Api(admin_client)
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+@dataclass
+class ServiceAccountAccess:
+    """What a test needs to act as a ServiceAccount: a client, its token, and a kubeconfig file."""
+
+    client: k8s.ApiClient
+    token: str
+    kubeconfig: Path
+
+
+@pytest.fixture(scope="session")
+def service_account(control_plane, admin_client, wait_until):
+    """`service_account(namespace, name, rules=[...])` -> ServiceAccountAccess.
+
+    `rules` are RBAC PolicyRule dicts for a Role bound to the ServiceAccount (none: no rights).
+    Returns once the authorizer allows the first rule, so a test never races RBAC's caches.
+    """
+    core, rbac = k8s.CoreV1Api(admin_client), k8s.RbacAuthorizationV1Api(admin_client)
+
+    def create(namespace: str, name: str, rules: list[dict] = ()) -> ServiceAccountAccess:
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+        if rules:
+            rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": list(rules)})
+            rbac.create_namespaced_role_binding(namespace, {
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+            first = rules[0]
+            review = {"spec": {"user": f"system:serviceaccount:{namespace}:{name}", "resourceAttributes": {
+                "namespace": namespace, "verb": first["verbs"][0], "group": first["apiGroups"][0],
+                "resource": first["resources"][0]}}}
+            authz = k8s.AuthorizationV1Api(admin_client)
+            wait_until(f"RBAC for {name}", lambda: authz.create_subject_access_review(review).status.allowed)
+        token = core.create_namespaced_service_account_token(
+            name, namespace, {"spec": {"audiences": [], "expirationSeconds": 3600}}).status.token
+        kubeconfig = control_plane.data_dir / f"{namespace}-{name}.kubeconfig"
+        control_plane.write_kubeconfig(kubeconfig, token)
+        return ServiceAccountAccess(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)),
+                                    token, kubeconfig)
+
+    return create
+
+
+@pytest.fixture(scope="session")
+def install_crds(control_plane, admin_client, wait_until):
+    """`install_crds(*paths)`: server-side apply CRD manifests and wait until they are Established."""
+    extensions = k8s.ApiextensionsV1Api(admin_client)
+
+    def established(name: str) -> bool:
+        conditions = extensions.read_custom_resource_definition(name).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    def apply(*paths: Path) -> None:
+        for path in paths:
+            applied = control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-o", "name",
+                                            "--field-manager=neuronmodel-tests", "-f", str(path)).stdout.split()
+            for name in (ref.split("/", 1)[1] for ref in applied):
+                wait_until(f"CRD {name} Established", lambda name=name: established(name))
+
+    return apply
