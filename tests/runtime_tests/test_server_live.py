@@ -118,6 +118,22 @@ def test_non_streaming_client_disconnect_aborts_and_frees_the_slot():
         wait_until(lambda: not app.state.serving._live and aborts_counted(app) == 1, what="generation closed")
 
 
+def test_disconnect_while_waiting_for_a_slot_leaves_the_queue():
+    with live_server(make_config(max_num_seqs=1), delay=0.02) as (url, app, _):
+        engine = app.state.serving.engine
+        results = {}
+        busy = _post_in_background(url, {"prompt": "x", "max_tokens": 40, "temperature": 1}, results, "busy")
+        wait_until(lambda: engine.stats().num_running == 1, what="slot taken")
+        with httpx.Client(base_url=url) as client:
+            body = {"prompt": "y", "max_tokens": 40, "stream": True}
+            with client.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                wait_until(lambda: engine.stats().num_waiting == 1, what="waiting")
+        wait_until(lambda: engine.stats().num_waiting == 0 and engine.num_unfinished == 1, what="left the queue")
+        busy.join(timeout=10)
+        assert results["busy"][0] == 200
+
+
 def _post_in_background(url, body, results, key):
     def run():
         with httpx.Client(base_url=url, timeout=30) as client:
