@@ -37,10 +37,17 @@ def _rope(raw: dict[str, Any]) -> tuple[float, Optional[dict]]:
         return theta, None
     if rope_type not in ("linear", "llama3"):
         raise RunnerError(f"config.json: rope type {rope_type!r} is not supported (supported: default, linear, llama3)")
-    scaling = {**params, "rope_type": rope_type}
-    if rope_type == "llama3":
-        scaling.setdefault("original_max_position_embeddings", raw["max_position_embeddings"])
-    return theta, scaling
+    if rope_type == "linear":
+        return theta, {"rope_type": rope_type, "factor": float(params["factor"])}
+    return theta, {
+        "rope_type": rope_type,
+        "factor": float(params["factor"]),
+        "low_freq_factor": float(params["low_freq_factor"]),
+        "high_freq_factor": float(params["high_freq_factor"]),
+        "original_max_position_embeddings": params.get(
+            "original_max_position_embeddings", raw["max_position_embeddings"]
+        ),
+    }
 
 
 def _sliding_window(raw: dict[str, Any], architecture: str) -> Optional[int]:
@@ -76,23 +83,26 @@ def read_config(model_dir: Path, max_model_len: int) -> LlamaConfig:
             f"{path}: sliding_window is {window} tokens but max_model_len is {max_model_len}; the reference runner "
             f"implements full attention only, so set max_model_len <= {window}"
         )
-    theta, scaling = _rope(raw)
-    heads = raw["num_attention_heads"]
-    return LlamaConfig(
-        architecture=architecture,
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"],
-        num_layers=raw["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        max_position_embeddings=raw.get("max_position_embeddings", max_model_len),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-    )
+    try:
+        theta, scaling = _rope(raw)
+        heads = raw["num_attention_heads"]
+        return LlamaConfig(
+            architecture=architecture,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=raw.get("max_position_embeddings", max_model_len),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        )
+    except KeyError as exc:
+        raise RunnerError(f"{path}: required key {exc.args[0]!r} is missing") from None
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
