@@ -40,14 +40,13 @@ class APIError(Exception):
         self.code = code
         self.headers = headers
 
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, param=self.param, code=self.code)
-
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        body = error_body(self.status, self.message, param=self.param, code=self.code)
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
-def error_body(status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None) -> dict:
+def error_body(status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None
+               ) -> dict[str, Any]:
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
