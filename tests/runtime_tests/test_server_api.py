@@ -6,7 +6,9 @@ The app runs the real AsyncEngine over EchoRunner: greedy requests echo the prom
 
 import json
 
-from fakes import MODEL, asgi_client, make_config
+import httpx
+
+from fakes import MODEL, asgi_client, make_config, make_engine
 
 CHAT = [{"role": "user", "content": "hi"}]
 CHAT_PROMPT = "<user>hi\n<assistant>"
@@ -159,4 +161,17 @@ async def test_models_info_and_probes():
         assert (await client.get("/ready")).json() == {"status": "ready"}
         app.state.serving.engine.stop_accepting()
         r = await client.get("/ready")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+
+
+async def test_probes_before_the_engine_runs_are_503():
+    from neuronmodel_runtime.server.app import create_app
+
+    config = make_config()
+    app = create_app(make_engine(config), config)  # lifespan not run: the step thread never started
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        health, ready = await client.get("/health"), await client.get("/ready")
+        assert health.status_code == 503 and health.json()["error"]["code"] == "engine_dead"
+        assert ready.status_code == 503 and "loading" in ready.json()["error"]["message"]
+        r = await client.post("/v1/completions", json={"prompt": "x"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
