@@ -14,30 +14,11 @@ from neuronmodel_runtime.config import RuntimeConfig  # noqa: E402
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError  # noqa: E402
 from neuronmodel_runtime.runners.torch_reference import TorchReferenceRunner, prefill_groups  # noqa: E402
 from neuronmodel_runtime.sampling.params import GREEDY, RowSampling  # noqa: E402
+from runner_helpers import generate, make_runner  # noqa: E402
 
 KINDS = ["llama", "qwen2", "llama3", "mistral"]
 ATOL = 1e-4
 PROMPTS = [[3, 17, 5, 60, 2], [11, 12, 13, 14, 15, 16, 17, 18, 90], [7, 1, 88, 42, 42, 9, 30, 31, 5, 77, 64, 2, 3, 50]]
-
-
-def make_runner(folder, **overrides) -> TorchReferenceRunner:
-    fields = dict(framework="torch", max_num_seqs=4, max_model_len=64, max_context_length=32)
-    runner = TorchReferenceRunner(RuntimeConfig(**{**fields, **overrides}), str(folder))
-    runner.load()
-    return runner
-
-
-def generate(runner, slots, prompts, steps, rows=None) -> list[list[int]]:
-    """Prefill all rows together, then decode them together; returns each row's new tokens."""
-    rows = rows or [GREEDY] * len(slots)
-    out = [t[0] for t in runner.prefill(PrefillBatch(slots, prompts, rows)).token_ids]
-    tokens = [[t] for t in out]
-    for step in range(steps - 1):
-        positions = [len(p) + step for p in prompts]
-        out = [t[0] for t in runner.decode(DecodeBatch(slots, out, positions, rows)).token_ids]
-        for row, t in zip(tokens, out):
-            row.append(t)
-    return tokens
 
 
 @pytest.fixture(scope="module", params=KINDS)
