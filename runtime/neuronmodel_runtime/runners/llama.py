@@ -134,17 +134,16 @@ class LlamaModel:
         """
         cfg, w = self.config, self.weights
         batch, length = tokens.shape
-        if max(start_pos) + length > self.max_len:
-            raise ValueError(f"positions up to {max(start_pos) + length - 1} exceed max_model_len {self.max_len}")
+        slots, start_pos = [int(s) for s in slots], [int(p) for p in start_pos]
         key_len = max(start_pos) + length  # attend over positions 0..key_len-1 at most
+        if key_len > self.max_len:
+            raise ValueError(f"positions up to {key_len - 1} exceed max_model_len {self.max_len}")
         fresh = all(p == 0 for p in start_pos)  # every row starts empty: attend to this call's K/V directly
+        consecutive = slots == list(range(slots[0], slots[0] + batch))
+        run = slice(slots[0], slots[0] + batch) if consecutive else None
         dev = self.device
-        slots = list(slots)
-        run = slice(slots[0], slots[0] + batch) if slots == list(range(slots[0], slots[0] + batch)) else None
         slot_t = torch.tensor(slots, dtype=torch.int64, device=dev)  # [B]
-        pos = torch.tensor(list(start_pos), dtype=torch.int64, device=dev)[:, None] + torch.arange(
-            length, device=dev
-        )  # [B, T]
+        pos = torch.tensor(start_pos, device=dev)[:, None] + torch.arange(length, device=dev)  # [B, T]
         slot_bt = slot_t[:, None].expand(batch, length)  # [B, T]
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, T, 1, hd]
         mask = (torch.arange(key_len, device=dev) <= pos[:, :, None])[:, None]  # [B, 1, T, key_len]
