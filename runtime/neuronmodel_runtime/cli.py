@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from neuronmodel_runtime.config import ConfigError, RuntimeConfig, default_model_path, load_config
 from neuronmodel_runtime.frameworks import FrameworkError, detect_frameworks, report, select_framework
@@ -63,6 +64,16 @@ def model_path_of(config: RuntimeConfig) -> Path:
     return path
 
 
+def prompt_lookup_proposer(config: RuntimeConfig) -> Optional[Callable[[list[int], int], list[int]]]:
+    """The engine's host-side proposer when speculation.mode is promptLookup, else None."""
+    spec = config.speculation
+    if spec.mode != "promptLookup":
+        return None
+    from neuronmodel_runtime.spec_decode.ngram import propose_ngram
+
+    return functools.partial(propose_ngram, n_min=spec.prompt_lookup_min, n_max=spec.prompt_lookup_max)
+
+
 def build_engine(config: RuntimeConfig) -> Any:
     """Select the framework, load the runner and tokenizer, and return a ready-to-start AsyncEngine."""
     from neuronmodel_runtime.engine.async_engine import AsyncEngine
@@ -87,6 +98,7 @@ def build_engine(config: RuntimeConfig) -> Any:
         eos_token_ids(path, tokenizer),
         config.max_num_batched_tokens,
         config.server.request_timeout_s,
+        proposer=prompt_lookup_proposer(config),
     )
     return AsyncEngine(
         engine,

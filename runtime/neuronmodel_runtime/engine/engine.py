@@ -117,6 +117,8 @@ class Engine:
 
     def _spec_budget(self, req: Request) -> int:
         """Draft tokens worth proposing: k, reduced so the step neither passes max_model_len nor max_tokens."""
+        if req.params.logprobs is not None:  # logprobs come from plain decode steps only
+            return 0
         room_in_cache = self.capacity.max_model_len - req.num_tokens  # verification writes k more positions
         return max(0, min(self.capacity.speculation_length, room_in_cache, req.max_new_tokens - 1))
 
