@@ -23,7 +23,7 @@ import torch
 from _harness import figure, p50, runtime_server, stream_completion
 
 from neuronmodel_runtime.config import RuntimeConfig, default_model_path
-from neuronmodel_runtime.engine.tokenizer import load_tokenizer
+from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids, load_tokenizer
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch
 from neuronmodel_runtime.runners.torch_reference import TorchReferenceRunner
 from neuronmodel_runtime.sampling.params import GREEDY
@@ -36,8 +36,7 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
     out = []
     for i in range(n):
         msgs = [{"role": "user", "content": f"Write a short story about {TOPICS[i % len(TOPICS)]}."}]
-        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
+        out.append(chat_prompt_ids(tokenizer, msgs))
     return out
 
 

@@ -119,6 +119,7 @@ def _serve(config: RuntimeConfig) -> int:
 
 def _selftest(config: RuntimeConfig, tokens: int) -> int:
     """Greedy-generate from two chat prompts through the real engine, synchronously; print JSON."""
+    from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids
     from neuronmodel_runtime.sampling.params import SamplingParams
 
     engine = build_engine(config).engine
@@ -126,8 +127,7 @@ def _selftest(config: RuntimeConfig, tokens: int) -> int:
     prompts = ["What is the capital of France?", "Write a haiku about the sea."]
     texts = {str(i): "" for i in range(len(prompts))}
     for i, prompt in enumerate(prompts):
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        ids = chat_prompt_ids(tok, [{"role": "user", "content": prompt}])
         engine.add(engine.make_request(str(i), ids, SamplingParams(temperature=0.0, max_tokens=tokens)))
     started, produced = time.monotonic(), 0
 

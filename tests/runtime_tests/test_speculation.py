@@ -17,6 +17,7 @@ from runner_helpers import make_runner
 from neuronmodel_runtime.cli import prompt_lookup_proposer
 from neuronmodel_runtime.config import RuntimeConfig
 from neuronmodel_runtime.engine.engine import Engine
+from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingParams
 
@@ -222,8 +223,7 @@ def test_trained_tiny_pair_greedy_acceptance():
     texts = ["What does os.path.join do?", "Return the number of items", "Open the file and read"]
     reqs = []
     for i, text in enumerate(texts):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        ids = chat_prompt_ids(tok, [{"role": "user", "content": text}])
         reqs.append((str(i), ids, SamplingParams(temperature=0, max_tokens=32)))
     plain, _ = run_engine(make_runner(TINY / "target", max_num_seqs=3, max_model_len=256, max_context_length=128),
                           reqs, eos=[2])

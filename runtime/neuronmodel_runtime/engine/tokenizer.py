@@ -27,3 +27,13 @@ def eos_token_ids(model_path: str | Path, tokenizer: Any) -> set[int]:
         elif isinstance(value, list):
             ids.update(int(v) for v in value)
     return ids
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation rendered with the model's chat template, ready for the assistant's turn.
+
+    Rendered to text first, then encoded without extra special tokens: the template already wrote the ones it
+    wants (BOS), and `tokenize=True` returns different types across transformers versions.
+    """
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))

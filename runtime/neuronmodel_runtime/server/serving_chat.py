@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Optional, Union
 from starlette.requests import Request
 
 from neuronmodel_runtime.engine.outputs import FINISH_ERROR
+from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids
 from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.errors import invalid
 from neuronmodel_runtime.server.protocol import (
@@ -80,11 +81,9 @@ class ChatServing:
             {"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})} for m in messages
         ]
         try:
-            text = self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+            return chat_prompt_ids(self.tokenizer, conversation)
         except Exception as exc:  # noqa: BLE001 - a template raises what it likes (roles, order); the input is at fault
             raise invalid("messages", f"messages cannot be rendered with the model's chat template: {exc}") from None
-        # The template already wrote the special tokens (BOS) it wants.
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def _stream(self, generation: Generation, template: ChatCompletionChunk, n: int, include_usage: bool,
                       top_logprobs: int) -> AsyncIterator[str]:
