@@ -17,6 +17,7 @@ import torch
 
 from neuronmodel_runtime.runners.llama import LlamaModel
 from neuronmodel_runtime.sampling.sampler import sample, target_probs
+from neuronmodel_runtime.sampling.tensors import TOP_K
 
 
 def vocabulary_mismatch(target_dir: Path, draft_dir: Path, target_vocab: int, draft_vocab: int) -> Optional[str]:
@@ -69,7 +70,7 @@ class DraftModel:
         num_spec: Sequence[int],
         params: torch.Tensor,
         generators: Sequence[torch.Generator],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """k_i draft tokens per row and the draft distributions q they were drawn from.
 
         Args:
@@ -80,20 +81,27 @@ class DraftModel:
 
         Returns:
             draft_tokens: `[B, k]` int64 (k = max k_i), zero-padded.
-            draft_probs: `[B, k, V]` float32, q at each proposed position, zero-padded.
+            draft_probs: `[B, k, V]` float32, q at each proposed position, zero-padded and zero for greedy rows
+                (their verification compares argmaxes); None when every row is greedy.
         """
         width, vocab = max(num_spec), self.model.config.vocab_size
         draft_tokens = torch.zeros(len(slots), width, dtype=torch.int64)
-        draft_probs = torch.zeros(len(slots), width, vocab, dtype=torch.float32, device=self.model.device)
+        sampled = set(i for i, top_k in enumerate(params[:, TOP_K].tolist()) if top_k != 1)
+        draft_probs = None
+        if sampled:
+            draft_probs = torch.zeros(len(slots), width, vocab, dtype=torch.float32, device=self.model.device)
         logits = self._catch_up(slots)  # [B, V] at each row's newest token
         rows = list(range(len(slots)))
         for j in range(width):
             rows = [i for i in rows if num_spec[i] > j]
             index = torch.tensor(rows, device=self.model.device)
             row_params = params[rows]
-            draft_probs[index, j] = target_probs(logits[index], row_params, self.global_top_k)
-            chosen = sample(logits[index], row_params, [generators[i] for i in rows], self.global_top_k).cpu()
-            draft_tokens[rows, j] = chosen
+            draft_tokens[rows, j] = sample(logits[index], row_params, [generators[i] for i in rows],
+                                           self.global_top_k).cpu()
+            q_rows = [i for i in rows if i in sampled]  # greedy rows are verified by argmax and need no q
+            if draft_probs is not None and q_rows:
+                q_index = torch.tensor(q_rows, device=self.model.device)
+                draft_probs[q_index, j] = target_probs(logits[q_index], params[q_rows], self.global_top_k)
             feed = [i for i in rows if num_spec[i] > j + 1]  # the last draft of a row is never fed
             if not feed:
                 break

@@ -193,8 +193,9 @@ class TorchReferenceRunner(ModelRunner):
                 [batch.slots[i] for i in rows], [num_spec[i] for i in rows], params[rows], [generators[i] for i in rows]
             )
             drafts[rows, : proposed.shape[1]] = proposed
-            draft_probs = torch.zeros(len(num_spec), width, model.config.vocab_size, device=model.device)
-            draft_probs[torch.tensor(rows, device=model.device), : probs.shape[1]] = probs
+            if probs is not None:  # some row samples: verification needs its q
+                draft_probs = torch.zeros(len(num_spec), width, model.config.vocab_size, device=model.device)
+                draft_probs[torch.tensor(rows, device=model.device), : probs.shape[1]] = probs
         else:
             for i, proposal in enumerate(batch.draft_tokens):
                 if len(proposal) != num_spec[i]:

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import torch
 
 from neuronmodel_runtime.sampling.sampler import target_probs
+from neuronmodel_runtime.sampling.tensors import TOP_K
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -53,18 +54,27 @@ def verify(
         num_emitted: `[B]` int64, tokens emitted per row: accepted + 1, in 1..k_i+1.
     """
     batch, width, vocab = target_logits.shape
-    flat_params = params.repeat_interleave(width, dim=0)  # [B*(k+1), 3]
-    p_all = target_probs(target_logits.reshape(batch * width, vocab), flat_params, global_top_k)
-    p_all = p_all.view(batch, width, vocab)  # [B, k+1, V]
     tokens = torch.zeros(batch, width, dtype=torch.int64)
     num_emitted = torch.zeros(batch, dtype=torch.int64)
-    for i in range(batch):
+    greedy = (params[:, TOP_K].cpu() == 1).tolist()
+    greedy_rows = [i for i in range(batch) if greedy[i]]
+    if greedy_rows:
+        _verify_greedy(target_logits[greedy_rows], draft_tokens[greedy_rows], [num_drafts[i] for i in greedy_rows],
+                       tokens, num_emitted, greedy_rows)
+    sampled = [i for i in range(batch) if not greedy[i]]
+    if not sampled:
+        return tokens, num_emitted
+    rows = torch.tensor(sampled, device=target_logits.device)
+    flat_params = params[sampled].repeat_interleave(width, dim=0)  # [S*(k+1), 3]
+    p_all = target_probs(target_logits[rows].reshape(len(sampled) * width, vocab), flat_params, global_top_k)
+    p_all = p_all.view(len(sampled), width, vocab)  # [S, k+1, V]
+    for r, i in enumerate(sampled):
         k_i, gen = num_drafts[i], generators[i]
         drafts = draft_tokens[i, :k_i].tolist()
         uniforms = torch.rand(k_i, generator=gen, device=p_all.device).tolist() if k_i else []
         emitted: list[int] = []
         for j, x in enumerate(drafts):
-            p = p_all[i, j]  # [V]
+            p = p_all[r, j]  # [V]
             q_x = 1.0 if draft_probs is None else float(draft_probs[i, j, x])
             if uniforms[j] * q_x < float(p[x]):
                 emitted.append(x)
@@ -77,10 +87,34 @@ def verify(
             emitted.append(_draw(residual if float(residual.sum()) > 0 else p, gen))  # recovered
             break
         else:
-            emitted.append(_draw(p_all[i, k_i], gen))  # bonus
+            emitted.append(_draw(p_all[r, k_i], gen))  # bonus
         tokens[i, : len(emitted)] = torch.tensor(emitted)
         num_emitted[i] = len(emitted)
     return tokens, num_emitted
+
+
+def _verify_greedy(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    num_drafts: list[int],
+    tokens: torch.Tensor,
+    num_emitted: torch.Tensor,
+    rows: list[int],
+) -> None:
+    """Greedy rows, vectorized: p and q are one-hot, so accept while a draft equals the target's argmax, then emit
+    the argmax at the first mismatch (recovered) or after the last draft (bonus). Writes into tokens/num_emitted.
+    """
+    width = logits.shape[1]
+    best = torch.argmax(logits, dim=-1).cpu()  # [G, k+1]
+    limit = torch.tensor(num_drafts)[:, None]  # [G, 1]
+    positions = torch.arange(width - 1)[None]  # [1, k]
+    match = (drafts[:, : width - 1] == best[:, : width - 1]) & (positions < limit)  # [G, k]
+    accepted = torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)  # [G]
+    out = torch.where(torch.arange(width)[None] < accepted[:, None], best, 0)  # accepted drafts equal the argmax
+    out.scatter_(1, accepted[:, None], best.gather(1, accepted[:, None]))  # recovered or bonus
+    index = torch.tensor(rows)
+    tokens[index] = out
+    num_emitted[index] = accepted + 1
 
 
 def unpad_fused(tokens: torch.Tensor, positions: Sequence[int], next_positions: torch.Tensor) -> list[list[int]]:
