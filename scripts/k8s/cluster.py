@@ -5,12 +5,14 @@
 
 Everything listens on free ports of 127.0.0.1: etcd, kube-apiserver (TLS from a throw-away CA, a
 static admin token in `system:masters`, RBAC + Node authorization, service-account issuer and keys
-so TokenRequest works), kube-controller-manager, kube-scheduler, and kwok, which runs the fake
-Neuron nodes of `k8s.nodes`. `DIR` holds the PKI, the kubeconfig, `pids.json` and `logs/`.
+so TokenRequest works), kube-controller-manager, kube-scheduler, kwok (acting as the kubelet of the
+fake Neuron nodes of `k8s.nodes`) and the LeaderWorkerSet controller with its CRD and webhooks.
+`DIR` (default `.cluster/`) holds the PKI, the kubeconfig, `pids.json` and `logs/`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -26,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from k8s import install, nodes
+from k8s import install, lws, nodes
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cluster"
 START_TIMEOUT_S = 120
@@ -45,9 +47,30 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _same_binary(pid: int, binary: str) -> bool:
+    """Guards against a recycled PID: is `pid` still running `binary`?"""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/exe")).resolve() == Path(binary).resolve()
+    except OSError:
+        return False
+
+
 def _die_with_parent() -> None:
     """preexec_fn: the child gets SIGTERM when the process that started it dies (even by SIGKILL)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _get(url: str, context: ssl.SSLContext | None = None, headers: dict | None = None) -> tuple[int, dict]:
+    """GET `url`: (HTTP status or 0 if unreachable, decoded JSON body or {})."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5,
+                                    context=context) as resp:
+            body = resp.read()
+            return resp.status, json.loads(body) if body.startswith(b"{") else {}
+    except urllib.error.HTTPError as err:
+        return err.code, {}
+    except (OSError, ValueError):
+        return 0, {}
 
 
 class ControlPlane:
@@ -59,10 +82,12 @@ class ControlPlane:
         self.pki = self.data_dir / "pki"
         self.server = ""
         self.admin_token = ""
+        self._die_with_parent = False
         self._children: dict[int, subprocess.Popen] = {}
 
-    # --- lifecycle -------------------------------------------------------------------------------
+    # --- lifecycle ---------------------------------------------------------------------------------
     def start(self, die_with_parent: bool = False) -> float:
+        """Start everything and wait until it is ready; on any failure stop what was started."""
         missing = install.missing()
         if missing:
             raise RuntimeError(f"control-plane binaries missing ({', '.join(missing)}): run `make k8s-bin`")
@@ -70,11 +95,15 @@ class ControlPlane:
             raise RuntimeError(f"a control plane from {self.data_dir} is running: stop it first (make cluster-down)")
         shutil.rmtree(self.data_dir, ignore_errors=True)
         (self.data_dir / "logs").mkdir(parents=True)
+        self._die_with_parent = die_with_parent
         t0 = time.monotonic()
         try:
-            self._start(die_with_parent)
+            self._write_pki()
+            self._start_etcd_and_apiserver()
+            self._start_controllers()
+            self._start_lws()
         except BaseException:
-            self.stop(remove=False)
+            self.stop(remove=False)  # keep the logs
             raise
         return time.monotonic() - t0
 
@@ -82,20 +111,22 @@ class ControlPlane:
         """SIGTERM each recorded process (newest first), SIGKILL after 10 s; remove `data_dir` if asked."""
         pids = self._pids()
         for pid, binary in reversed(list(pids.values())):
-            if _alive(pid) and Path(f"/proc/{pid}/exe").resolve() == Path(binary).resolve():
-                self._signal(pid, signal.SIGTERM)
+            if _alive(pid) and _same_binary(pid, binary):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         for pid, binary in pids.values():
             while _alive(pid) and time.monotonic() < deadline:
                 self._reap(pid)
                 time.sleep(0.1)
-            if _alive(pid) and Path(f"/proc/{pid}/exe").resolve() == Path(binary).resolve():
-                self._signal(pid, signal.SIGKILL)
+            if _alive(pid) and _same_binary(pid, binary):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self._reap(pid)
         if remove:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    # --- helpers used by tests ---------------------------------------------------------------------
+    # --- for tests ---------------------------------------------------------------------------------
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
         """Run kubectl as admin; with `check`, a non-zero exit raises with kubectl's stderr."""
         out = subprocess.run([str(install.bin_dir() / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
@@ -106,71 +137,8 @@ class ControlPlane:
 
     def get(self, path: str) -> tuple[int, dict]:
         """GET `path` from the apiserver as admin: (HTTP status, decoded JSON body)."""
-        return self._get(self.server + path, ssl.create_default_context(cafile=self.pki / "ca.crt"),
-                         {"Authorization": f"Bearer {self.admin_token}"})
-
-    # --- internals -----------------------------------------------------------------------------------
-    def _start(self, die_with_parent: bool) -> None:
-        self._write_pki()
-        etcd_port, peer_port, api_port, kcm_port, sched_port = (_free_port() for _ in range(5))
-        etcd = f"http://127.0.0.1:{etcd_port}"
-        self.server = f"https://127.0.0.1:{api_port}"
-        pki = self.pki
-        self._spawn("etcd", die_with_parent, "--name=default", f"--data-dir={self.data_dir / 'etcd'}",
-                    f"--listen-client-urls={etcd}", f"--advertise-client-urls={etcd}",
-                    f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-                    f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-                    f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
-                    "--unsafe-no-fsync=true", "--log-level=warn")
-        self._wait("etcd", lambda: self._get(etcd + "/health")[1].get("health") == "true")
-        self._spawn("kube-apiserver", die_with_parent, f"--etcd-servers={etcd}",
-                    "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
-                    f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-                    f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={pki / 'tokens.csv'}",
-                    "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-                    "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
-                    f"--service-account-issuer={self.server}", f"--service-account-key-file={pki / 'sa.pub'}",
-                    f"--service-account-signing-key-file={pki / 'sa.key'}", f"--cert-dir={pki}",
-                    "--profiling=false")
-        self._wait("kube-apiserver", lambda: self.get("/readyz")[0] == 200)
-        self.write_kubeconfig(self.kubeconfig, self.admin_token)
-        delegated = [f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
-                     f"--authorization-kubeconfig={self.kubeconfig}", "--leader-elect=false",
-                     "--bind-address=127.0.0.1"]
-        self._spawn("kube-controller-manager", die_with_parent, *delegated, f"--secure-port={kcm_port}",
-                    f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-                    f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
-                    "--use-service-account-credentials=true", "--controllers=*")
-        self._spawn("kube-scheduler", die_with_parent, *delegated, f"--secure-port={sched_port}")
-        self._spawn("kwok", die_with_parent, f"--kubeconfig={self.kubeconfig}", f"--config={install.kwok_stages()}",
-                    "--manage-all-nodes=false",
-                    f"--manage-nodes-with-label-selector={nodes.KWOK_SELECTOR}")
-        self.kubectl("apply", "--server-side", "--field-manager=neuronmodel-cluster", "-f", "-",
-                     stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes.nodes()}))
-        insecure = ssl._create_unverified_context()  # the components' self-signed serving certs
-        self._wait("kube-controller-manager", lambda: self._get(f"https://127.0.0.1:{kcm_port}/healthz",
-                                                                 insecure)[0] == 200)
-        self._wait("kube-scheduler", lambda: self._get(f"https://127.0.0.1:{sched_port}/readyz", insecure)[0] == 200)
-        self._wait("kwok nodes Ready", self._nodes_ready)
-        self._wait("default ServiceAccount", lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default")[0]
-                   == 200)
-
-    def _write_pki(self) -> None:
-        self.pki.mkdir()
-
-        def openssl(*args: str) -> None:
-            subprocess.run(["openssl", *args], cwd=self.pki, check=True, capture_output=True)
-
-        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-                "-days", "3650", "-subj", "/CN=neuronmodel-test-ca")
-        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.crt",
-                "-days", "3650", "-subj", "/CN=kube-apiserver", "-CA", "ca.crt", "-CAkey", "ca.key",
-                "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                "-addext", "basicConstraints=critical,CA:FALSE")
-        openssl("genpkey", "-algorithm", "RSA", "-out", "sa.key")
-        openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
-        self.admin_token = secrets.token_hex(24)
-        (self.pki / "tokens.csv").write_text(f'{self.admin_token},admin,admin-uid,"system:masters"\n')
+        return _get(self.server + path, ssl.create_default_context(cafile=self.pki / "ca.crt"),
+                    {"Authorization": f"Bearer {self.admin_token}"})
 
     def write_kubeconfig(self, path: Path, token: str) -> None:
         """A kubeconfig for this cluster that authenticates with the bearer `token`."""
@@ -184,13 +152,92 @@ class ControlPlane:
         path.write_text(json.dumps(config, indent=1))  # JSON is YAML
         path.chmod(0o600)
 
-    def _spawn(self, name: str, die_with_parent: bool, *args: str) -> None:
+    # --- the components ----------------------------------------------------------------------------
+    def _write_pki(self) -> None:
+        """A CA, one serving cert for 127.0.0.1 (apiserver, LWS webhooks), the SA key pair, the admin token."""
+        self.pki.mkdir()
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=self.pki, check=True, capture_output=True)
+
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+                "-days", "3650", "-subj", "/CN=neuronmodel-test-ca")
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.crt",
+                "-days", "3650", "-subj", "/CN=127.0.0.1", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                "-addext", "basicConstraints=critical,CA:FALSE")
+        openssl("genpkey", "-algorithm", "RSA", "-out", "sa.key")
+        openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        self.admin_token = secrets.token_hex(24)
+        (self.pki / "tokens.csv").write_text(f'{self.admin_token},admin,admin-uid,"system:masters"\n')
+
+    def _start_etcd_and_apiserver(self) -> None:
+        etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
+        etcd, peer = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
+        self._spawn("etcd", "--name=default", f"--data-dir={self.data_dir / 'etcd'}",
+                    f"--listen-client-urls={etcd}", f"--advertise-client-urls={etcd}", f"--listen-peer-urls={peer}",
+                    f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=default={peer}",
+                    "--unsafe-no-fsync=true", "--log-level=warn")
+        self._wait("etcd", lambda: _get(etcd + "/health")[1].get("health") == "true")
+        self.server = f"https://127.0.0.1:{api_port}"
+        pki = self.pki
+        self._spawn("kube-apiserver", f"--etcd-servers={etcd}",
+                    "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
+                    f"--tls-cert-file={pki / 'tls.crt'}", f"--tls-private-key-file={pki / 'tls.key'}",
+                    f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={pki / 'tokens.csv'}",
+                    "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                    "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
+                    f"--service-account-issuer={self.server}", f"--service-account-key-file={pki / 'sa.pub'}",
+                    f"--service-account-signing-key-file={pki / 'sa.key'}", f"--cert-dir={pki}",
+                    "--profiling=false")
+        self._wait("kube-apiserver", lambda: self.get("/readyz")[0] == 200)
+        self.write_kubeconfig(self.kubeconfig, self.admin_token)
+
+    def _start_controllers(self) -> None:
+        """controller-manager, scheduler, kwok and its nodes; ready once every node is Ready."""
+        kcm_port, sched_port, pki = _free_port(), _free_port(), self.pki
+        delegated = [f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
+                     f"--authorization-kubeconfig={self.kubeconfig}", "--leader-elect=false",
+                     "--bind-address=127.0.0.1"]
+        self._spawn("kube-controller-manager", *delegated, f"--secure-port={kcm_port}",
+                    f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+                    f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+                    "--use-service-account-credentials=true", "--controllers=*")
+        self._spawn("kube-scheduler", *delegated, f"--secure-port={sched_port}")
+        self._spawn("kwok", f"--kubeconfig={self.kubeconfig}", f"--config={install.kwok_stages()}",
+                    "--manage-all-nodes=false", f"--manage-nodes-with-label-selector={nodes.KWOK_SELECTOR}")
+        self._apply({"apiVersion": "v1", "kind": "List", "items": nodes.nodes()})
+        insecure = ssl._create_unverified_context()  # the components' self-signed serving certs
+        self._wait("kube-controller-manager", lambda: _get(f"https://127.0.0.1:{kcm_port}/healthz", insecure)[0] == 200)
+        self._wait("kube-scheduler", lambda: _get(f"https://127.0.0.1:{sched_port}/readyz", insecure)[0] == 200)
+        self._wait("kwok nodes Ready", self._nodes_ready)
+        self._wait("default ServiceAccount",
+                   lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200)
+
+    def _start_lws(self) -> None:
+        """The LWS CRD, then its controller, then (once it serves) the webhook registrations."""
+        self.kubectl("apply", "--server-side", "--field-manager=neuronmodel-cluster", "-f", str(install.lws_crd()))
+        self._wait("LeaderWorkerSet API", lambda: self.get("/apis/leaderworkerset.x-k8s.io/v1")[0] == 200)
+        webhook_port, health_port = _free_port(), _free_port()
+        config = self.data_dir / "lws-config.json"
+        config.write_text(json.dumps(lws.controller_config(webhook_port, health_port, self.pki)))
+        self._spawn("lws-controller", f"--config={config}", env={"KUBECONFIG": str(self.kubeconfig)})
+        self._wait("lws-controller", lambda: _get(f"http://127.0.0.1:{health_port}/readyz")[0] == 200)
+        webhooks = f"https://127.0.0.1:{webhook_port}/"
+        self._wait("LWS webhook server", lambda: _get(webhooks, ssl.create_default_context(cafile=self.pki / "ca.crt"))[0])
+        self._apply(lws.webhook_configurations(webhook_port, self.pki / "ca.crt"))
+
+    # --- plumbing ----------------------------------------------------------------------------------
+    def _apply(self, manifest: dict) -> None:
+        self.kubectl("apply", "--server-side", "--field-manager=neuronmodel-cluster", "-f", "-",
+                     stdin=json.dumps(manifest))
+
+    def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         binary = str(install.bin_dir() / name)
-        log = open(self.data_dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (the child owns it)
-        with log:
+        with open(self.data_dir / "logs" / f"{name}.log", "wb") as log:
             proc = subprocess.Popen([binary, *args], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True,
-                                    preexec_fn=_die_with_parent if die_with_parent else None)
+                                    env={**os.environ, **(env or {})}, start_new_session=True,
+                                    preexec_fn=_die_with_parent if self._die_with_parent else None)
         self._children[proc.pid] = proc
         pids = self._pids() | {name: (proc.pid, binary)}
         (self.data_dir / "pids.json").write_text(json.dumps(pids, indent=1))
@@ -198,13 +245,6 @@ class ControlPlane:
     def _pids(self) -> dict[str, tuple[int, str]]:
         path = self.data_dir / "pids.json"
         return {k: tuple(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
-
-    @staticmethod
-    def _signal(pid: int, sig: int) -> None:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
     def _reap(self, pid: int) -> None:
         if pid in self._children:
@@ -228,18 +268,6 @@ class ControlPlane:
             c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))]
         return status == 200 and len(ready) == len(nodes.SHAPES)
 
-    @staticmethod
-    def _get(url: str, context: ssl.SSLContext | None = None, headers: dict | None = None) -> tuple[int, dict]:
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5,
-                                        context=context) as resp:
-                body = resp.read()
-                return resp.status, json.loads(body) if body.startswith(b"{") else {}
-        except urllib.error.HTTPError as err:
-            return err.code, {}
-        except (OSError, ValueError):
-            return 0, {}
-
 
 def main(argv: list[str]) -> None:
     if len(argv) not in (1, 2) or argv[0] not in ("up", "down"):
@@ -250,8 +278,8 @@ def main(argv: list[str]) -> None:
         print(f"cluster: stopped; removed {plane.data_dir}")
         return
     seconds = plane.start()
-    print(f"cluster: control plane {install.K8S_VERSION} ready in {seconds:.1f} s "
-          f"(start-to-ready: etcd, apiserver, controller-manager, scheduler, kwok, {len(nodes.SHAPES)} nodes)")
+    print(f"cluster: {install.K8S_VERSION} ready in {seconds:.1f} s (start-to-ready: etcd, kube-apiserver, "
+          f"controller-manager, scheduler, kwok with {len(nodes.SHAPES)} Ready nodes, LWS controller)")
     print(f"export KUBECONFIG={plane.kubeconfig}")
 
 

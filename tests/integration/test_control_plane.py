@@ -8,10 +8,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kubernetes import client as k8s
+from kubernetes import client as kube
 from kubernetes.client.exceptions import ApiException
 
 from k8s import install, nodes
+
+pytestmark = pytest.mark.slow  # the session's control plane takes ~10 s to start
 
 CHART = Path(__file__).parent / "fixtures" / "demo-chart"
 TOLERATION = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
@@ -28,7 +30,7 @@ def _pod_spec(neuron_cores: int, tolerate: bool = True, node_selector: dict | No
 
 def test_fake_nodes_are_shaped_like_eks_neuron_nodes(admin_client):
     by_type = {n.metadata.labels["node.kubernetes.io/instance-type"]: n
-               for n in k8s.CoreV1Api(admin_client).list_node(label_selector=nodes.KWOK_SELECTOR).items}
+               for n in kube.CoreV1Api(admin_client).list_node(label_selector=nodes.KWOK_SELECTOR).items}
     assert set(by_type) == {"inf2.xlarge", "inf2.48xlarge", "trn1.32xlarge", "trn2.48xlarge", "m5.xlarge"}
     trn2 = by_type["trn2.48xlarge"]
     assert trn2.status.allocatable["aws.amazon.com/neuron"] == "16"
@@ -40,7 +42,7 @@ def test_fake_nodes_are_shaped_like_eks_neuron_nodes(admin_client):
 
 
 def test_deployment_pods_are_scheduled_onto_inf2_and_become_ready(admin_client, namespace, wait_until):
-    apps, core = k8s.AppsV1Api(admin_client), k8s.CoreV1Api(admin_client)
+    apps, core = kube.AppsV1Api(admin_client), kube.CoreV1Api(admin_client)
     labels = {"app": "neuron-demo"}
     spec = _pod_spec(1, node_selector={"karpenter.k8s.aws/instance-family": "inf2"})
     apps.create_namespaced_deployment(namespace, {
@@ -67,7 +69,7 @@ def test_deployment_pods_are_scheduled_onto_inf2_and_become_ready(admin_client, 
     (1, False, "untolerated taint"),
 ])
 def test_unschedulable_pod_stays_pending_with_an_event(admin_client, namespace, wait_until, cores, tolerate, reason):
-    core = k8s.CoreV1Api(admin_client)
+    core = kube.CoreV1Api(admin_client)
     core.create_namespaced_pod(namespace, {"metadata": {"name": "too-big"}, "spec": _pod_spec(cores, tolerate)})
 
     event = wait_until("FailedScheduling event", lambda: next(iter(core.list_namespaced_event(
@@ -80,14 +82,14 @@ def test_unschedulable_pod_stays_pending_with_an_event(admin_client, namespace, 
 def test_rbac_denies_a_service_account_until_a_role_allows_it(control_plane, namespace, service_account):
     nobody = service_account(namespace, "nobody")
     with pytest.raises(ApiException) as denied:
-        k8s.CoreV1Api(nobody.client).list_namespaced_pod(namespace)
+        kube.CoreV1Api(nobody.client).list_namespaced_pod(namespace)
     assert denied.value.status == 403
 
     reader = service_account(namespace, "reader", rules=[
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}])
-    assert k8s.CoreV1Api(reader.client).list_namespaced_pod(namespace).items == []
+    assert kube.CoreV1Api(reader.client).list_namespaced_pod(namespace).items == []
     with pytest.raises(ApiException) as denied:
-        k8s.CoreV1Api(reader.client).list_namespaced_secret(namespace)
+        kube.CoreV1Api(reader.client).list_namespaced_secret(namespace)
     assert denied.value.status == 403
     can_i = control_plane.kubectl(f"--kubeconfig={reader.kubeconfig}", "auth", "can-i", "delete", "pods",
                                   "-n", namespace, check=False)
@@ -95,7 +97,7 @@ def test_rbac_denies_a_service_account_until_a_role_allows_it(control_plane, nam
 
 
 def test_deleting_an_owner_garbage_collects_its_dependents(admin_client, namespace, wait_until):
-    core = k8s.CoreV1Api(admin_client)
+    core = kube.CoreV1Api(admin_client)
     owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "dependent", "ownerReferences": [
         {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}]}})
@@ -115,6 +117,25 @@ def test_crds_install_by_server_side_apply_and_validate(control_plane, namespace
     lws["spec"]["leaderWorkerTemplate"]["size"] = "two"
     rejected = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(lws), check=False)
     assert rejected.returncode != 0 and "size" in rejected.stderr
+
+
+def test_leaderworkerset_controller_runs_leader_and_worker_pods(admin_client, namespace, wait_until):
+    custom, core = kube.CustomObjectsApi(admin_client), kube.CoreV1Api(admin_client)
+    template = {"spec": _pod_spec(16, node_selector={"node.kubernetes.io/instance-type": "trn1.32xlarge"})}
+    lws_api = ("leaderworkerset.x-k8s.io", "v1", namespace, "leaderworkersets")
+    custom.create_namespaced_custom_object(*lws_api, {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "lws"},
+        "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2, "workerTemplate": template}}})
+
+    def running_pods():
+        pods = core.list_namespaced_pod(namespace, label_selector="leaderworkerset.sigs.k8s.io/name=lws").items
+        return len(pods) == 2 and all(pod.status.phase == "Running" for pod in pods) and pods
+
+    pods = wait_until("leader and worker pods Running", running_pods)
+    assert sorted(pod.metadata.labels["leaderworkerset.sigs.k8s.io/worker-index"] for pod in pods) == ["0", "1"]
+    assert {pod.spec.node_name for pod in pods} == {nodes.node_name("trn1.32xlarge")}  # 2 x 16 of its 32 cores
+    wait_until("LWS readyReplicas == 1", lambda: custom.get_namespaced_custom_object(
+        *lws_api, "lws").get("status", {}).get("readyReplicas") == 1)
 
 
 def test_kubectl_reports_the_pinned_server_version(control_plane):
