@@ -7,6 +7,7 @@ Every failure is a `RunnerError` that names the file or key and what to change.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,6 +15,8 @@ import torch
 
 from neuronmodel_runtime.runners.base import RunnerError
 from neuronmodel_runtime.runners.llama import LayerWeights, LlamaConfig, LlamaWeights
+
+log = logging.getLogger(__name__)
 
 #: Architectures (config.json `architectures[0]`) the reference runner implements.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -123,9 +126,11 @@ def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     tensors: dict[str, torch.Tensor] = {}
-    for path in _weight_files(model_dir):
+    files = _weight_files(model_dir)
+    for number, path in enumerate(files, start=1):
         if not path.exists():
             raise RunnerError(f"{path}: shard listed in model.safetensors.index.json is missing")
+        log.info("loading weights %d/%d: %s (%.0f MB)", number, len(files), path.name, path.stat().st_size / 2**20)
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
                 tensors[name] = f.get_tensor(name)
