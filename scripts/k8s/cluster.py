@@ -277,7 +277,10 @@ def main(argv: list[str]) -> None:
         plane.stop()
         print(f"cluster: stopped; removed {plane.data_dir}")
         return
-    seconds = plane.start()
+    try:
+        seconds = plane.start()
+    except (RuntimeError, TimeoutError) as err:
+        sys.exit(f"cluster: {err}")
     print(f"cluster: {install.K8S_VERSION} ready in {seconds:.1f} s (start-to-ready: etcd, kube-apiserver, "
           f"controller-manager, scheduler, kwok with {len(nodes.SHAPES)} Ready nodes, LWS controller)")
     print(f"export KUBECONFIG={plane.kubeconfig}")

