@@ -68,3 +68,13 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
         return made[kind]
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Tests use tiny models: one intra-op thread is as fast, and immune to a busy machine's thread contention."""
+    torch = pytest.importorskip("torch")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
