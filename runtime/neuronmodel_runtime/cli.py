@@ -74,8 +74,12 @@ def prompt_lookup_proposer(config: RuntimeConfig) -> Optional[Callable[[list[int
     return functools.partial(propose_ngram, n_min=spec.prompt_lookup_min, n_max=spec.prompt_lookup_max)
 
 
-def build_engine(config: RuntimeConfig) -> Any:
-    """Select the framework, load the runner and tokenizer, and return a ready-to-start AsyncEngine."""
+def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
+    """Select the framework, load the runner and tokenizer, and return a ready-to-start AsyncEngine.
+
+    own_thread: the engine spawns its step thread; False leaves the step loop to the caller (`serve` runs it on
+    the main thread).
+    """
     from neuronmodel_runtime.engine.async_engine import AsyncEngine
     from neuronmodel_runtime.engine.engine import Engine
     from neuronmodel_runtime.engine.tokenizer import eos_token_ids, load_tokenizer
@@ -106,11 +110,12 @@ def build_engine(config: RuntimeConfig) -> Any:
         model_name=config.server.served_model_name or path.name,
         max_queue=config.server.max_queue,
         info={"framework": report(config.framework, detection), "speculation": config.speculation.model_dump()},
+        own_thread=own_thread,
     )
 
 
 def _serve(config: RuntimeConfig) -> int:
-    engine = build_engine(config)
+    engine = build_engine(config, own_thread=False)
     from neuronmodel_runtime.server.app import create_app
     from neuronmodel_runtime.server.runner import serve
 

@@ -4,13 +4,19 @@ On the first signal /ready turns 503 and admission stops (new requests get 503);
 completion, for at most `server.drain_timeout_s`, after which they are aborted. Only then is uvicorn told
 to exit: it closes the connections and the lifespan shuts the engine down, and the process exits 0.
 A second signal exits at once.
+
+When the engine can run its step loop on the caller's thread, `serve` gives it the main thread and runs uvicorn
+on a second one (see engine/async_engine.py for why); the signal handlers are then installed here, since only
+the main thread receives signals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
+import threading
 from types import FrameType
 from typing import Optional
 
@@ -77,5 +83,21 @@ def build_server(app: FastAPI, config: RuntimeConfig) -> DrainingServer:
 def serve(app: FastAPI, config: RuntimeConfig) -> int:
     """Serve until a signal and a drain; returns the process exit code (0, or 1 if startup failed)."""
     server = build_server(app, config)
-    server.run()
+    engine = app.state.serving.engine
+    if getattr(engine, "own_thread", True) or threading.current_thread() is not threading.main_thread():
+        server.run()
+        return 0 if server.started else 1
+
+    def run_uvicorn() -> None:
+        try:
+            server.run()  # off the main thread, uvicorn installs no signal handlers
+        finally:
+            engine.stop_step_loop()  # startup failed, or the lifespan has shut the engine down
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, server.handle_exit)
+    http = threading.Thread(target=run_uvicorn, name="http")
+    http.start()
+    engine.run_step_loop()
+    http.join()
     return 0 if server.started else 1
