@@ -87,11 +87,13 @@ def test_prompt_near_max_model_len_and_mixed_rows(tiny_checkpoint):
     target = tiny_checkpoint("llama")
     reqs = [("near", prompts(1, seed=5)[0][:20] + [7] * 10, SamplingParams(temperature=0)),
             ("far", [3, 4, 5], SamplingParams(temperature=0, max_tokens=30)),
-            ("logprobs", [9, 8], SamplingParams(temperature=0, max_tokens=12))]
-    plain, _ = run_engine(make_runner(target, max_num_seqs=3, max_model_len=40), reqs)
-    runner = make_runner(target, max_num_seqs=3, max_model_len=40, **spec_fields("draft", 5, target))
+            ("logprobs", [9, 8], SamplingParams(temperature=0, max_tokens=12, logprobs=2))]  # never speculates
+    host = {"sampling": {"on_device": False}}  # logprobs need the logits on the host
+    plain, _ = run_engine(make_runner(target, max_num_seqs=3, max_model_len=40, **host), reqs)
+    runner = make_runner(target, max_num_seqs=3, max_model_len=40, **host, **spec_fields("draft", 5, target))
     spec, engine = run_engine(runner, reqs)
     assert spec == plain and len(plain["near"]) == 40 - 30
+    assert engine.stats.spec_drafts_total > 0
 
 
 def test_abort_mid_generation_then_slot_reuse_stays_exact(tiny_checkpoint):
@@ -234,3 +236,15 @@ def test_trained_tiny_pair_greedy_acceptance():
     s = engine.stats
     assert s.spec_accepted_tokens_total / s.spec_draft_tokens_total >= 0.15
     assert torch.tensor(s.spec_accepted_per_position).diff().le(0).all()  # later positions accept less often
+
+
+def test_rows_that_want_logprobs_get_them_in_a_speculative_step(tiny_checkpoint):
+    target = tiny_checkpoint("llama")
+    runner = make_runner(target, max_num_seqs=2, sampling={"on_device": False}, **spec_fields("draft", 3, target))
+    greedy = [RowSampling(1, 1.0, 1.0, None)] * 2
+    first = runner.prefill(PrefillBatch([0, 1], [[1, 2, 3], [4, 5]], greedy)).token_ids
+    out = runner.decode(DecodeBatch([0, 1], [first[0][0], first[1][0]], [3, 2], greedy,
+                                    num_spec_tokens=[3, 0], num_logprobs=[None, 2]))
+    assert len(out.token_ids[0]) == 4 and len(out.token_ids[1]) == 1  # the draft is the target: all accepted
+    assert out.logprobs[0] is None and len(out.logprobs[1]) == 1 and len(out.logprobs[1][0].top) == 2
+    assert out.num_draft_tokens == [3, 0]
