@@ -1,6 +1,7 @@
 # neuronmodel — the two commands that matter are `make run` and `make test` (see README.md).
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# Python 3.11 or 3.10 (the Neuron Deep Learning Containers ship 3.10).
+PYTHON ?= $(shell command -v python3.11 || command -v python3.10 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
