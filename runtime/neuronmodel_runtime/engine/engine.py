@@ -59,11 +59,9 @@ class Engine:
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
 
-    def abort(self, request_ids: Iterable[str], reason: Optional[str] = None) -> None:
-        if reason is None:
-            self.scheduler.abort(request_ids)
-        else:
-            self.scheduler.abort(request_ids, reason)
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Abort these requests (client gone, timeout); their slots free at the next step."""
+        self.scheduler.abort(request_ids)
 
     @property
     def has_work(self) -> bool:

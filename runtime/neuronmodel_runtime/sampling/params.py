@@ -47,7 +47,6 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # extra token ids that end generation (besides EOS)
     ignore_eos: bool = False  # keep generating through EOS
     logprobs: Optional[int] = None  # top logprobs per token; needs on-device sampling off
-    speculate: bool = True  # allow speculative decoding for this request (when the server runs it)
 
     @property
     def greedy(self) -> bool:
