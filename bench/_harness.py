@@ -25,6 +25,14 @@ def figure(name: str, value: float, goal: str, **extra) -> None:
     print(json.dumps({"figure": name, "value": round(float(value), 4), "goal": goal, **extra}), flush=True)
 
 
+def sync(device: str) -> None:
+    """Wait for queued accelerator work, so that wall-clock timings measure it (no-op on CPU)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def p50(values: list[float]) -> float:
     return statistics.median(values)
 

@@ -11,7 +11,7 @@ Figures (one JSON line each):
   ods_over_host_sampling       decode step time with full logits returned and sampled on the host / with on-device
                                sampling, batch 16
 
-Usage: .venv/bin/python bench/serving.py [--model PATH] [--batch 16] [--tokens 64] [--repeats 3]
+Usage: .venv/bin/python bench/serving.py [--model PATH] [--batch 16] [--tokens 64] [--repeats 3] [--device cpu]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 
 import httpx
 import torch
-from _harness import TINY_TARGET, figure, p50, runtime_server, stream_completion
+from _harness import TINY_TARGET, figure, p50, runtime_server, stream_completion, sync
 
 from neuronmodel_runtime.config import RuntimeConfig, default_model_path
 from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids, load_tokenizer
@@ -42,9 +42,12 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
     return out
 
 
+DEVICE = "cpu"  # --device: where the runners (and the server's) run; cuda:N when a GPU is lent
+
+
 def make_runner(model: str, batch: int, on_device: bool = True) -> TorchReferenceRunner:
     config = RuntimeConfig(model=model, max_num_seqs=batch, max_model_len=512, max_context_length=256,
-                           sampling={"on_device": on_device})
+                           sampling={"on_device": on_device}, device=DEVICE)
     runner = TorchReferenceRunner(config, model)
     runner.load()
     return runner
@@ -93,12 +96,14 @@ def prefill_time(runner: TorchReferenceRunner, prompt: list[int]) -> float:
 def hf_sequential(model: str, batch_prompts: list[list[int]], tokens: int) -> float:
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16  # the runner's dtype "auto"
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(DEVICE).eval()
     started = time.perf_counter()
     with torch.inference_mode():
         for ids in batch_prompts:
-            hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens,
-                        attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            hf.generate(torch.tensor([ids], device=DEVICE), do_sample=False, max_new_tokens=tokens,
+                        min_new_tokens=tokens, attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=DEVICE))
+    sync(DEVICE)
     return time.perf_counter() - started
 
 
@@ -127,7 +132,7 @@ def ttft_overhead(repeats: int = 4) -> tuple[float, float]:
     prefill_time(runner, work[0])  # warm-up
     prefill_s = [prefill_time(runner, ids) for ids in work]
     del runner
-    config = {"model": model, "max_num_seqs": 1, "max_model_len": 512, "max_context_length": 256}
+    config = {"model": model, "max_num_seqs": 1, "max_model_len": 512, "max_context_length": 256, "device": DEVICE}
     with runtime_server(config) as url:
         ttfts = asyncio.run(server_ttfts(url, "target", work))
     return p50(ttfts), p50(prefill_s)
@@ -139,12 +144,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="runs of the raw and server measurements (median)")
+    parser.add_argument("--device", default="cpu", help="torch device of the runners and the server: cpu, cuda")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     tokenizer = load_tokenizer(args.model)
     work = prompts(tokenizer, args.batch)
     name = args.model.rstrip("/").split("/")[-1]
 
-    config = {"model": args.model, "max_num_seqs": args.batch, "max_model_len": 512, "max_context_length": 256}
+    config = {"model": args.model, "max_num_seqs": args.batch, "max_model_len": 512, "max_context_length": 256,
+              "device": DEVICE}
     with runtime_server(config) as url:
         runner = make_runner(args.model, args.batch)
         runner_generate(runner, work[:2], 4)  # warm-up

@@ -12,7 +12,7 @@ spec_measured_over_theory, where theory is Leviathan et al.'s E = (1 - a^(k+1)) 
 so that (1 - a^(k+1)) / (1 - a) equals the measured mean tokens per step, and c the measured cost of one draft
 forward over one target decode forward (0 for prompt lookup, whose proposals cost host microseconds).
 
-Usage: .venv/bin/python bench/speculation.py [--tokens 64] [--k 4]
+Usage: .venv/bin/python bench/speculation.py [--tokens 64] [--k 4] [--device cpu]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from _harness import TINY_DRAFT, TINY_TARGET, figure, p50
+from _harness import TINY_DRAFT, TINY_TARGET, figure, p50, sync
 
 from neuronmodel_runtime.cli import prompt_lookup_proposer
 from neuronmodel_runtime.config import RuntimeConfig, default_model_path
@@ -42,8 +42,11 @@ REPEAT = [f"Repeat the following text exactly, changing nothing:\n\n{TEXT}",
           f"Copy this text word for word:\n\n{TEXT}"]
 
 
+DEVICE = "cpu"  # --device
+
+
 def make_runner(model: Path, spec: Optional[dict]) -> TorchReferenceRunner:
-    fields = dict(model=str(model), max_num_seqs=1, max_model_len=512, max_context_length=256)
+    fields = dict(model=str(model), max_num_seqs=1, max_model_len=512, max_context_length=256, device=DEVICE)
     config = RuntimeConfig(**fields, speculation=spec or {})
     runner = TorchReferenceRunner(config, str(model))
     runner.load()
@@ -86,8 +89,10 @@ def forward_cost(model: Path, width: int = 1, steps: int = 40) -> float:
     with torch.inference_mode():
         net.forward(torch.tensor([[1, 2, 3, 4]]), [0], [0])
         for pos in range(4, 4 + steps):
+            sync(DEVICE)
             started = time.perf_counter()
             net.forward(torch.tensor([[5] * width]), [0], [pos])
+            sync(DEVICE)
             times.append(time.perf_counter() - started)
     return p50(times)
 
@@ -102,7 +107,7 @@ def fit_alpha(tokens_per_step: float, k: int) -> float:
     return lo
 
 
-def report(setup: str, plain: tuple, spec: tuple, stats, k: int, c: float, v: float) -> None:
+def report(setup: str, plain: tuple, spec: tuple, stats, k: int, c: float, v: float, identical: bool) -> None:
     """plain/spec: (end-to-end s, decode-phase s). The speedup is the decode phase's (prefill is not speculated).
 
     v: cost of scoring k+1 positions over one decode; the formula assumes 1 (true when decode is memory-bound).
@@ -117,8 +122,9 @@ def report(setup: str, plain: tuple, spec: tuple, stats, k: int, c: float, v: fl
     measured = plain_s / spec_s
     per_position = [round(n / steps, 3) for n in stats.spec_accepted_per_position]
     acceptance = stats.spec_accepted_tokens_total / stats.spec_draft_tokens_total
+    # identical: greedy output with speculation equals plain decoding (exact in float32; bf16 may differ on ties)
     figure("spec_acceptance", acceptance, "> 0.15", setup=setup, per_position=per_position,
-           mean_tokens_per_step=round(tokens_per_step, 3), alpha_fit=round(alpha, 3), k=k)
+           greedy_identical=identical, mean_tokens_per_step=round(tokens_per_step, 3), alpha_fit=round(alpha, 3), k=k)
     figure("spec_speedup", measured, "> 1", setup=setup, plain_decode_s=round(plain_s, 2),
            spec_decode_s=round(spec_s, 2), end_to_end_speedup=round(plain[0] / spec[0], 3))
     figure("spec_measured_over_theory", measured / theory, ">= 0.9", setup=setup, theory=round(theory, 3),
@@ -130,7 +136,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
 
     tok = load_tokenizer(TINY_TARGET)
     chat = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in CHAT]
@@ -138,10 +147,9 @@ def main() -> None:
     plain_s, _, plain_out = run(TINY_TARGET, None, chat, args.tokens, eos, True)
     draft = {"mode": "draft", "draft_model": str(TINY_DRAFT), "num_speculative_tokens": args.k}
     spec_s, stats, spec_out = run(TINY_TARGET, draft, chat, args.tokens, eos, True)
-    assert spec_out == plain_out, "greedy speculation changed the output"
     decode = forward_cost(TINY_TARGET)
     report("tiny draft", plain_s, spec_s, stats, args.k, forward_cost(TINY_DRAFT) / decode,
-           forward_cost(TINY_TARGET, args.k + 1) / decode)
+           forward_cost(TINY_TARGET, args.k + 1) / decode, spec_out == plain_out)
 
     model = default_model_path()
     tok = load_tokenizer(model)
@@ -150,9 +158,8 @@ def main() -> None:
     plain_s, _, plain_out = run(model, None, repeat, args.tokens, eos, False)
     lookup = {"mode": "promptLookup", "num_speculative_tokens": args.k}
     spec_s, stats, spec_out = run(model, lookup, repeat, args.tokens, eos, False)
-    assert spec_out == plain_out, "greedy speculation changed the output"
     report("SmolLM2 prompt lookup", plain_s, spec_s, stats, args.k, 0.0,
-           forward_cost(model, args.k + 1, steps=10) / forward_cost(model, steps=10))
+           forward_cost(model, args.k + 1, steps=10) / forward_cost(model, steps=10), spec_out == plain_out)
 
 
 if __name__ == "__main__":
