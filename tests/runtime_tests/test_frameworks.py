@@ -1,8 +1,9 @@
-"""Framework detection and every branch of the selection rules."""
+"""Framework detection, every branch of the selection rules, and the CLI commands that report and use them."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,19 @@ def test_explicit_missing_framework_exits_2_with_a_clear_message():
     out = subprocess.run([sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--framework", "nxdi"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "neuronx-distributed-inference is not installed" in out.stderr
+
+
+def test_selftest_generates_through_the_real_engine():
+    tiny = str(Path(__file__).resolve().parents[1] / "assets" / "tiny" / "target")
+    out = subprocess.run([sys.executable, "-m", "neuronmodel_runtime.cli", "selftest", "--model", tiny,
+                          "--max-model-len", "256", "--max-context-length", "128", "--tokens", "8"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert 2 <= data["tokens"] <= 16 and set(data["outputs"]) == {"0", "1"} and data["tokens_per_s"] > 0
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "neuronmodel_runtime.cli", "selftest", "--model", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no Hugging Face model folder (config.json)" in out.stderr
