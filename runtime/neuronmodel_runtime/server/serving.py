@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Callable, Optional, Union
+from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
@@ -101,6 +101,7 @@ class Generation:
 
     async def collect(self, receive: Receive) -> list[ChoiceResult]:
         """Every choice's whole output; a client disconnect meanwhile aborts them (freeing their slots).
+        Closes the generation however it ends.
 
         Raises:
             APIError: 500 when the engine failed a choice.
@@ -119,6 +120,7 @@ class Generation:
                     r.finish_reason, r.stop_reason = out.finish_reason, out.stop_reason
         finally:
             watcher.cancel()
+            self.close()
         return results
 
     async def _abort_on_disconnect(self, receive: Receive) -> None:
@@ -126,6 +128,30 @@ class Generation:
             pass
         log.info("request %s: client disconnected, aborting", self.request_id)
         self.abort()
+
+    async def events(self, render: Callable[[int, RequestOutput], str], usage_template: Any, include_usage: bool,
+                     prelude: Sequence[str] = ()) -> AsyncIterator[str]:
+        """The SSE payloads of a streaming response; closes the generation however the stream ends.
+
+        `prelude` first, then `render(choice, output)` for each output with something to send (a token that
+        completes no character yet is skipped), an error event if the runner failed, the usage chunk (a copy of
+        `usage_template`) when asked, and `[DONE]`.
+        """
+        try:
+            for event in prelude:
+                yield event
+            async for index, out in self.outputs():
+                if out.finish_reason == FINISH_ERROR:
+                    yield error_event(out.error or "the model runner failed")
+                    break
+                if out.text or out.finished or out.logprobs:
+                    yield render(index, out)
+            else:
+                if include_usage:
+                    yield usage_template.model_copy(update={"usage": self.usage()}).model_dump_json()
+            yield "[DONE]"
+        finally:
+            self.close()
 
     def usage(self) -> Usage:
         prompt, completion = sum(self._prompt_lens), sum(self._num_output)

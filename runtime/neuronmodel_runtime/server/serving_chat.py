@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Optional, Union
 
 from starlette.requests import Request
 
-from neuronmodel_runtime.engine.outputs import FINISH_ERROR
+from neuronmodel_runtime.engine.outputs import RequestOutput
 from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids
 from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.errors import invalid
@@ -22,7 +22,7 @@ from neuronmodel_runtime.server.protocol import (
     ChatMessage,
     ChatMessageOut,
 )
-from neuronmodel_runtime.server.serving import Generation, Serving, SSEStream, error_event
+from neuronmodel_runtime.server.serving import Generation, Serving, SSEStream
 
 
 class ChatServing:
@@ -57,10 +57,7 @@ class ChatServing:
             template = ChatCompletionChunk(id=request_id, model=serving.model_name, choices=[])
             events = self._stream(generation, template, req.n, req.include_usage, req.top_logprobs or 0)
             return SSEStream(events, generation.close)
-        try:
-            results = await generation.collect(raw.receive)
-        finally:
-            generation.close()
+        results = await generation.collect(raw.receive)
         choices = [
             ChatChoice(
                 index=r.index,
@@ -85,29 +82,19 @@ class ChatServing:
         except Exception as exc:  # noqa: BLE001 - a template raises what it likes (roles, order); the input is at fault
             raise invalid("messages", f"messages cannot be rendered with the model's chat template: {exc}") from None
 
-    async def _stream(self, generation: Generation, template: ChatCompletionChunk, n: int, include_usage: bool,
-                      top_logprobs: int) -> AsyncIterator[str]:
+    def _stream(self, generation: Generation, template: ChatCompletionChunk, n: int, include_usage: bool,
+                top_logprobs: int) -> AsyncIterator[str]:
         def chunk(index: int, delta: ChatDelta, logprobs: Optional[dict] = None, finish: Optional[str] = None) -> str:
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)
             return template.model_copy(update={"choices": [choice]}).model_dump_json()
 
-        try:
-            for index in range(n):  # the role comes first, once per choice, as OpenAI sends it
-                yield chunk(index, ChatDelta(role="assistant", content=""))
-            async for index, out in generation.outputs():
-                if out.finish_reason == FINISH_ERROR:
-                    yield error_event(out.error or "the model runner failed")
-                    break
-                if not (out.text or out.finished or out.logprobs):
-                    continue  # a token that completes no character yet
-                logprobs = self._logprobs(out.token_ids, out.logprobs, top_logprobs) if out.logprobs else None
-                yield chunk(index, ChatDelta(content=out.text or None), logprobs, out.finish_reason)
-            else:
-                if include_usage:
-                    yield template.model_copy(update={"usage": generation.usage()}).model_dump_json()
-            yield "[DONE]"
-        finally:
-            generation.close()
+        def render(index: int, out: RequestOutput) -> str:
+            logprobs = self._logprobs(out.token_ids, out.logprobs, top_logprobs) if out.logprobs else None
+            return chunk(index, ChatDelta(content=out.text or None), logprobs, out.finish_reason)
+
+        # The role comes first, once per choice, as OpenAI sends it.
+        roles = [chunk(index, ChatDelta(role="assistant", content="")) for index in range(n)]
+        return generation.events(render, template, include_usage, prelude=roles)
 
     def _logprobs(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]], top: int) -> dict[str, Any]:
         """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""

@@ -7,10 +7,10 @@ from typing import Any, AsyncIterator, Optional, Union
 
 from starlette.requests import Request
 
-from neuronmodel_runtime.engine.outputs import FINISH_ERROR
+from neuronmodel_runtime.engine.outputs import RequestOutput
 from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
-from neuronmodel_runtime.server.serving import Generation, Serving, SSEStream, error_event
+from neuronmodel_runtime.server.serving import Generation, Serving, SSEStream
 
 
 class CompletionServing:
@@ -35,10 +35,7 @@ class CompletionServing:
         template = CompletionResponse(id=request_id, model=serving.model_name, choices=[])
         if req.stream:
             return SSEStream(self._stream(generation, template, req.include_usage), generation.close)
-        try:
-            results = await generation.collect(raw.receive)
-        finally:
-            generation.close()
+        results = await generation.collect(raw.receive)
         choices = [
             CompletionChoice(
                 index=r.index,
@@ -59,32 +56,22 @@ class CompletionServing:
             return [list(prompt)]
         return [list(self.tokenizer.encode(p)) if isinstance(p, str) else list(p) for p in prompt]
 
-    async def _stream(self, generation: Generation, template: CompletionResponse, include_usage: bool
-                      ) -> AsyncIterator[str]:
+    def _stream(self, generation: Generation, template: CompletionResponse, include_usage: bool) -> AsyncIterator[str]:
         text_len: dict[int, int] = {}  # choice -> characters sent (logprobs' text_offset)
-        try:
-            async for index, out in generation.outputs():
-                if out.finish_reason == FINISH_ERROR:
-                    yield error_event(out.error or "the model runner failed")
-                    break
-                if not (out.text or out.finished or out.logprobs):
-                    continue  # a token that completes no character yet
-                offset = text_len.get(index, 0)
-                text_len[index] = offset + len(out.text)
-                choice = CompletionChoice(
-                    index=index,
-                    text=out.text,
-                    logprobs=self._logprobs(out.token_ids, out.logprobs, offset) if out.logprobs is not None else None,
-                    finish_reason=out.finish_reason,
-                    stop_reason=out.stop_reason,
-                )
-                yield template.model_copy(update={"choices": [choice]}).model_dump_json()
-            else:
-                if include_usage:
-                    yield template.model_copy(update={"usage": generation.usage()}).model_dump_json()
-            yield "[DONE]"
-        finally:
-            generation.close()
+
+        def render(index: int, out: RequestOutput) -> str:
+            offset = text_len.get(index, 0)
+            text_len[index] = offset + len(out.text)
+            choice = CompletionChoice(
+                index=index,
+                text=out.text,
+                logprobs=self._logprobs(out.token_ids, out.logprobs, offset) if out.logprobs is not None else None,
+                finish_reason=out.finish_reason,
+                stop_reason=out.stop_reason,
+            )
+            return template.model_copy(update={"choices": [choice]}).model_dump_json()
+
+        return generation.events(render, template, include_usage)
 
     def _logprobs(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]], offset: int) -> dict[str, Any]:
         """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
