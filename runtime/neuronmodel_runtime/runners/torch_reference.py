@@ -181,8 +181,7 @@ class TorchReferenceRunner(ModelRunner):
         num_spec = list(batch.num_spec_tokens)
         if max(num_spec) > self.speculation_length:
             raise ValueError(f"num_spec_tokens {num_spec} exceed the speculation length {self.speculation_length}")
-        params = sampling_tensor(batch.sampling, self.global_top_k)  # [B, 3]
-        validate_sampling_tensor(params, self.global_top_k)
+        params = self._sampling_tensor(batch.sampling)  # [B, 3]
         generators = self._generators_of(batch.slots)
         width = max(num_spec)
         drafts = torch.zeros(len(num_spec), width, dtype=torch.int64)  # [B, k], zero-padded
@@ -249,6 +248,12 @@ class TorchReferenceRunner(ModelRunner):
         generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         return generator
 
+    def _sampling_tensor(self, rows: list[RowSampling]) -> torch.Tensor:
+        """NxDI's `[B, 3]` tensor, checked against NxDI's rules, as a Neuron runner would hand it over."""
+        params = sampling_tensor(rows, self.global_top_k)
+        validate_sampling_tensor(params, self.global_top_k)
+        return params
+
     def _generators_of(self, slots: Sequence[int]) -> list[torch.Generator]:
         for slot in slots:
             if slot not in self._generators:  # a decode without a prefill in this runner: a fresh random seed
@@ -263,8 +268,7 @@ class TorchReferenceRunner(ModelRunner):
         num_logprobs: list[Optional[int]],
     ) -> StepOutput:
         """Sample one token per row (on the device, or on the host from a numpy copy); logprobs when asked."""
-        params = sampling_tensor(sampling, self.global_top_k)  # [B, 3]
-        validate_sampling_tensor(params, self.global_top_k)
+        params = self._sampling_tensor(sampling)  # [B, 3]
         generators = self._generators_of(slots)
         if not self.config.sampling.on_device:
             logits = torch.from_numpy(np.array(logits.float().cpu().numpy(), copy=True))  # the device->host copy
