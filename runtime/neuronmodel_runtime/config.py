@@ -82,6 +82,9 @@ class ServerConfig(_Strict):
     request_timeout_s: float = Field(600.0, gt=0)
     #: Seconds SIGTERM waits for in-flight requests before exiting anyway.
     drain_timeout_s: float = Field(30.0, ge=0)
+    #: /health fails when there is work and the engine step loop has made no progress for this many seconds
+    #: (a hung runner call: a known failure mode of Neuron runtimes); the kubelet then restarts the pod.
+    liveness_timeout_s: float = Field(120.0, gt=0)
     #: Name served in /v1/models and required in requests; defaults to the model folder's name.
     served_model_name: Optional[str] = None
 
