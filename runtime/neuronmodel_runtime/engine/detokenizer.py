@@ -5,16 +5,30 @@ SentencePiece drops a leading space when a token is decoded alone. So each step 
 at the newest token and emits only what the window adds over its previous decode; a window ending in an
 incomplete character (U+FFFD) waits for the next token. Stop strings may span tokens, so the stream holds back
 text that could still become the start of a stop string.
+
+A prompt may end inside a character (token-id prompts, or a prompt cut anywhere): the output that completes the
+character emits it whole, as vLLM does, and no other text of the prompt is ever emitted; when the output does not
+complete it, the broken character stays the prompt's.
+
+Every add decodes a window of bounded length: tokens that add no text (skipped special tokens, EOS under
+ignore_eos) are dropped from the window, as vLLM drops them, and text still incomplete after
+`MAX_PENDING_TOKENS` new tokens is emitted as it decodes (it is invalid bytes, not a character still arriving).
+The deltas then concatenate to `decode(output_ids)` exactly, except that such a run of invalid bytes may show one
+U+FFFD more.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
 #: Tokens of context decoded before the new ones, so merges and leading spaces come out right.
 CONTEXT_TOKENS = 5
+#: A UTF-8 character has at most 4 bytes, so it spans at most 4 tokens, plus any special tokens between them:
+#: more new tokens than this whose text is still incomplete hold invalid bytes, and waiting would only grow the window.
+MAX_PENDING_TOKENS = 8
 
 
 class Decoder(Protocol):
@@ -26,9 +40,9 @@ class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas."""
 
     tokenizer: Decoder
-    ids: list[int]  # prompt ids then output ids (the prompt gives the first window its context)
+    ids: list[int]  # prompt ids, then the output ids that add text (the prompt gives the first window its context)
     prefix_offset: int = 0  # window start: context tokens already emitted
-    read_offset: int = 0  # tokens before this index have been emitted as text
+    read_offset: int = 0  # tokens before this index have been emitted as text (or are the prompt's)
 
     @classmethod
     def for_prompt(cls, tokenizer: Decoder, prompt_ids: Sequence[int]) -> "IncrementalDetokenizer":
@@ -47,12 +61,23 @@ class IncrementalDetokenizer:
     def _advance(self, final: bool) -> str:
         if self.read_offset >= len(self.ids):
             return ""
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
-        text = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
-        if not final and (len(text) <= len(prefix) or text.endswith(REPLACEMENT_CHAR)):
+        seen = _decode(self.tokenizer, self.ids[self.prefix_offset : self.read_offset])
+        text = _decode(self.tokenizer, self.ids[self.prefix_offset :])
+        if text == seen and not text.endswith(REPLACEMENT_CHAR):
+            del self.ids[self.read_offset :]  # they add no text: dropped, so that the window does not grow
+            return ""
+        # `seen` is a prefix of `text`, except when the new tokens complete a character that `seen` ended in
+        # (as U+FFFD): a prompt ending inside a character, or a forced emission; the completed character is new.
+        out = os.path.commonprefix([seen, text])
+        incomplete = len(text) <= len(out) or text.endswith(REPLACEMENT_CHAR)
+        if incomplete and not final and len(self.ids) - self.read_offset <= MAX_PENDING_TOKENS:
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return text[len(prefix) :] if text.startswith(prefix) else text
+        return text[len(out) :]
+
+
+def _decode(tokenizer: Decoder, ids: Sequence[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
 
 
 @dataclass
