@@ -3,61 +3,87 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import json
 import logging
+import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Literal, NoReturn, Optional, Sequence, get_args, get_origin
 
-from neuronmodel_runtime.config import ConfigError, RuntimeConfig, default_model_path, load_config
+from neuronmodel_runtime.config import (
+    SETTINGS,
+    ConfigError,
+    RuntimeConfig,
+    Setting,
+    default_model_path,
+    load_config,
+    named,
+    read_model_config,
+    resolve_model_limits,
+)
 from neuronmodel_runtime.frameworks import FrameworkError, detect_frameworks, report, select_framework
+from neuronmodel_runtime.runners.base import RunnerError
 
 log = logging.getLogger("neuronmodel_runtime")
 
-#: --flag -> dotted RuntimeConfig field (flags override the file and the environment).
-FLAGS = {
-    "model": "model",
-    "framework": "framework",
-    "dtype": "dtype",
-    "device": "device",
-    "max_num_seqs": "max_num_seqs",
-    "max_model_len": "max_model_len",
-    "max_context_length": "max_context_length",
-    "host": "server.host",
-    "port": "server.port",
-    "api_key": "server.api_key",
-    "served_model_name": "server.served_model_name",
-    "speculation_mode": "speculation.mode",
-    "draft_model": "speculation.draft_model",
-    "num_speculative_tokens": "speculation.num_speculative_tokens",
-    "on_device_sampling": "sampling.on_device",
-}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on stderr (exit 2), like every other start-up error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _metavar(setting: Setting) -> str:
+    annotation = setting.field.annotation
+    if annotation is bool:
+        return "{true,false}"
+    if get_origin(annotation) is Literal:
+        return "{" + ",".join(get_args(annotation)) + "}"
+    return {int: "INT", float: "FLOAT"}.get(annotation, "TEXT")
+
+
+def _help(setting: Setting) -> str:
+    """The field's description, where else it can be set, and its default (argparse expands %, so it is escaped)."""
+    default = setting.field.default
+    shown = default if isinstance(default, str) else json.dumps(default)
+    return f"{setting.field.description} [{setting.path}; env {setting.env}; default {shown}]".replace("%", "%%")
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", help="RuntimeConfig JSON file")
-    common.add_argument("--log-level", default="INFO")
-    for flag, field in FLAGS.items():
-        common.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"overrides {field}")
-    parser = argparse.ArgumentParser(prog="neuronmodel-runtime", description=__doc__)
+    common = _Parser(add_help=False)
+    common.add_argument("--config", metavar="FILE", help="RuntimeConfig JSON file; NEURONMODEL_* variables override it, "
+                        "and flags override both")
+    common.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
+    fields = common.add_argument_group("RuntimeConfig fields (each also settable as NEURONMODEL_<NAME>)")
+    for setting in SETTINGS.values():
+        fields.add_argument(setting.flag, dest=setting.path, metavar=_metavar(setting), help=_help(setting))
+    parser = _Parser(prog="neuronmodel-runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", parents=[common], help="serve the OpenAI-compatible HTTP API")
     sub.add_parser("info", parents=[common], help="print framework detection and the effective config as JSON")
     st = sub.add_parser("selftest", parents=[common], help="load the model and generate a few tokens")
-    st.add_argument("--tokens", type=int, default=16)
+    st.add_argument("--tokens", type=int, default=16, help="tokens generated per prompt")
     return parser
 
 
 def _config(args: argparse.Namespace) -> RuntimeConfig:
-    overrides = {field: getattr(args, flag) for flag, field in FLAGS.items() if getattr(args, flag) is not None}
+    overrides = {path: getattr(args, path) for path in SETTINGS if getattr(args, path) is not None}
     return load_config(args.config, overrides)
 
 
+def model_folder(config: RuntimeConfig) -> Path:
+    """The folder `model` names (null: the embedded default model), unchecked."""
+    return Path(config.model) if config.model else default_model_path()
+
+
 def model_path_of(config: RuntimeConfig) -> Path:
-    path = Path(config.model) if config.model else default_model_path()
+    path = model_folder(config)
     if not (path / "config.json").is_file():
         hint = "run `make default-model` (scripts/fetch_default_model.py)" if not config.model else "check `model`"
         raise ConfigError(f"model: no Hugging Face model folder (config.json) at {path}; {hint}")
@@ -90,6 +116,7 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
     for warning in selection.warnings:
         log.warning(warning)
     path = model_path_of(config)
+    config = resolve_model_limits(config, read_model_config(path))
     log.info("framework %s %s (%s); loading %s", selection.framework, selection.version, selection.reason, path)
     started = time.monotonic()
     runner = create_runner(selection.framework, config, str(path))
@@ -114,20 +141,87 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
     )
 
 
-def _serve(config: RuntimeConfig) -> int:
-    engine = build_engine(config, own_thread=False)
+def with_model_limits(config: RuntimeConfig) -> RuntimeConfig:
+    """`config` with max_model_len / max_context_length fitted to its model folder (see resolve_model_limits)."""
+    return resolve_model_limits(config, read_model_config(model_path_of(config)))
+
+
+def check_listen_address(host: str, port: int) -> None:
+    """Fail before the (slow) model load when the server could not listen on host:port.
+
+    Binds and closes a socket per address, with SO_REUSEADDR as uvicorn binds, so only a port that is really in
+    use (or not permitted) fails.
+
+    Raises:
+        ConfigError: names server.host or server.port and the fix.
+    """
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"{named('server.host')}: cannot resolve {host!r} ({exc.strerror}); "
+                          "use an address such as 127.0.0.1, or 0.0.0.0 inside a pod") from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    raise ConfigError(f"{named('server.port')}: cannot listen on {host}:{port} ({exc.strerror}); "
+                                      "stop the process that holds it or choose another port") from None
+                raise ConfigError(f"{named('server.host')}: cannot listen on {host}:{port} ({exc.strerror}); "
+                                  "use an address of this host, such as 127.0.0.1 or 0.0.0.0") from None
+
+
+#: Start-up failures whose messages already name the setting and the fix.
+STARTUP_ERRORS = (ConfigError, FrameworkError, RunnerError)
+
+
+def _load_engine(config: RuntimeConfig, own_thread: bool) -> Any:
+    """build_engine, with an unforeseen failure (a corrupt weights or tokenizer file, a missing package, ...) turned
+    into a one-line ConfigError naming the model folders; its traceback is logged at DEBUG."""
+    try:
+        return build_engine(config, own_thread=own_thread)
+    except STARTUP_ERRORS:
+        raise
+    except Exception as exc:
+        log.debug("loading the model failed", exc_info=True)
+        folders = f"model {model_folder(config)}"
+        if config.speculation.draft_model:
+            folders += f" / speculation.draft_model {config.speculation.draft_model}"
+        raise ConfigError(f"cannot load {folders}: {type(exc).__name__}: {exc}; check the folder's files "
+                          "(if they are intact, this is a bug: --log-level DEBUG shows the traceback)") from exc
+
+
+def _info(config: RuntimeConfig) -> int:
+    print(json.dumps({**report(config.framework, detect_frameworks()), "config": config.public_dict()}, indent=2))
+    return 0
+
+
+def _start(args: argparse.Namespace) -> Callable[[], int]:
+    """Everything that can fail before the command does its work (config, listen address, model load); returns
+    the work. Start-up failures raise; failures of the work itself are bugs, with their tracebacks."""
+    config = _config(args)
+    if args.command == "info":
+        if (model_folder(config) / "config.json").is_file():  # the effective config: with the model's limits
+            config = with_model_limits(config)
+        return functools.partial(_info, config)
+    if args.command == "selftest":
+        return functools.partial(_selftest, _load_engine(config, own_thread=True).engine, args.tokens)
+    check_listen_address(config.server.host, config.server.port)
+    engine = _load_engine(config, own_thread=False)
     from neuronmodel_runtime.server.app import create_app
     from neuronmodel_runtime.server.runner import serve
 
-    return serve(create_app(engine, config), config)
+    config = with_model_limits(config)  # as build_engine resolved it: /v1/info reports the lengths served
+    return functools.partial(serve, create_app(engine, config), config)
 
 
-def _selftest(config: RuntimeConfig, tokens: int) -> int:
+def _selftest(engine: Any, tokens: int) -> int:
     """Greedy-generate from two chat prompts through the real engine, synchronously; print JSON."""
     from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids
     from neuronmodel_runtime.sampling.params import SamplingParams
 
-    engine = build_engine(config).engine
     tok = engine.tokenizer
     prompts = ["What is the capital of France?", "Write a haiku about the sea."]
     texts = {str(i): "" for i in range(len(prompts))}
@@ -150,19 +244,18 @@ def _selftest(config: RuntimeConfig, tokens: int) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Run a command and return its exit code; every start-up failure is one line on stderr and exit code 2."""
     try:
-        config = _config(args)
-        if args.command == "info":
-            print(json.dumps({**report(config.framework, detect_frameworks()), "config": config.public_dict()}, indent=2))
-            return 0
-        if args.command == "selftest":
-            return _selftest(config, args.tokens)
-        return _serve(config)
-    except (ConfigError, FrameworkError) as exc:
-        print(f"neuronmodel-runtime: {exc}", file=sys.stderr)
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0), or a usage error already printed as one line (2)
+        return int(exc.code or 0)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        work = _start(args)
+    except STARTUP_ERRORS as exc:
+        print("neuronmodel-runtime: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
+    return work()
 
 
 if __name__ == "__main__":
