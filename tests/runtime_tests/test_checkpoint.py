@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from neuronmodel_runtime.config import RuntimeConfig  # noqa: E402
 from neuronmodel_runtime.runners.base import RunnerError  # noqa: E402
-from neuronmodel_runtime.runners.checkpoint import read_config, resolve_dtype  # noqa: E402
+from neuronmodel_runtime.runners.checkpoint import build_weights, read_config, read_tensors, resolve_dtype  # noqa: E402
 from neuronmodel_runtime.runners.llama import rope_inv_freq  # noqa: E402
 from neuronmodel_runtime.runners.torch_reference import TorchReferenceRunner  # noqa: E402
 
@@ -88,6 +88,8 @@ def test_tied_embeddings_share_one_tensor(tiny_checkpoint):
         (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0}), {}, "required key 'low_freq_factor'"),
         (dict(sliding_window=None), dict(max_model_len=512), "max_position_embeddings 256"),
         ({}, dict(parallelism={"tensor_parallel_degree": 2}), "tensor_parallel_degree=1"),
+        (dict(mlp_bias=True), {}, "mlp_bias is true"),
+        (dict(quantization_config={"quant_method": "fp8"}), {}, "quantized .*fp8"),
     ],
 )
 def test_unsupported_checkpoints_fail_with_a_clear_error(tiny_checkpoint, tmp_path, changes, fields, message):
@@ -117,3 +119,71 @@ def test_missing_files_and_tensors_are_named(tiny_checkpoint, tmp_path):
     untied = copy_with_config(tiny_checkpoint("qwen2"), tmp_path / "untied", tie_word_embeddings=False)
     with pytest.raises(RunnerError, match="lm_head.weight"):
         load(untied)
+
+
+def biased_llama(tmp_path, **flags):
+    """A tiny Llama checkpoint with random (not zero) biases where `flags` (attention_bias, mlp_bias) put them."""
+    torch.manual_seed(5)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      initializer_range=0.15, tie_word_embeddings=False, **flags)
+    model = transformers.LlamaForCausalLM(config).eval()
+    for name, param in model.named_parameters():
+        if name.endswith(".bias"):
+            torch.nn.init.normal_(param, std=0.5)
+    folder = tmp_path / "biased"
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_attention_biases_are_implemented_and_match_transformers(tmp_path):
+    folder, hf = biased_llama(tmp_path, attention_bias=True)
+    ids = torch.tensor([[5, 9, 2, 77, 31]])
+    with torch.inference_mode():
+        ours = load(folder).model.forward(ids, [0], [0])
+        assert (ours - hf(ids).logits).abs().max() < 1e-4
+
+
+def test_mlp_biases_are_refused_and_never_silently_dropped(tmp_path):
+    folder, _ = biased_llama(tmp_path, attention_bias=True, mlp_bias=True)
+    with pytest.raises(RunnerError, match="mlp_bias is true.*does not implement MLP biases"):
+        load(folder)
+    # A config that hides them: the biases are still in the checkpoint, so loading would give wrong logits.
+    hidden = copy_with_config(folder, tmp_path / "hidden", mlp_bias=False)
+    named = r"6 checkpoint tensors .*'model\.layers\.0\.mlp\.down_proj\.bias'.*does not implement MLP biases"
+    with pytest.raises(RunnerError, match=named):
+        load(hidden)
+
+
+def build(folder, extra=(), drop=()):
+    """build_weights over `folder`'s tensors with `extra` (name -> tensor) added and `drop` removed."""
+    tensors = read_tensors(folder)
+    tensors.update(dict(extra))
+    for name in drop:
+        del tensors[name]
+    return build_weights(read_config(folder, 64), tensors, torch.device("cpu"), torch.float32)
+
+
+def test_unused_tensors_are_an_error_that_names_them_and_why(tiny_checkpoint):
+    folder = tiny_checkpoint("llama")
+    extra = {f"model.layers.{i}.self_attn.q_proj.weight": torch.zeros(64, 64) for i in (2, 3)}
+    with pytest.raises(RunnerError, match=r"2 checkpoint tensors .*'model\.layers\.2\..*more layers .* \(2\)"):
+        build(folder, extra)
+    extra = {f"model.layers.{i}.mlp.{n}_proj.weight_scale": torch.ones(1) for i in range(2) for n in ("up", "down")}
+    with pytest.raises(RunnerError, match=r"4 checkpoint tensors .* and 1 more\), .*quantization parameters"):
+        build(folder, extra)
+    with pytest.raises(RunnerError, match=r"1 checkpoint tensor .*'model\.vision_tower\.weight'.*Llama.* not use"):
+        build(folder, {"model.vision_tower.weight": torch.zeros(3)})
+
+
+def test_known_harmless_leftovers_are_ignored(tiny_checkpoint):
+    # Rotary inverse-frequency buffers, saved by old transformers versions: recomputed from the config.
+    inv_freq = {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.ones(8) for i in range(2)}
+    build(tiny_checkpoint("llama"), inv_freq)
+    # A tied model's head saved beside the embedding: the same matrix, so nothing is lost.
+    tied = tiny_checkpoint("qwen2")
+    embed = read_tensors(tied)["model.embed_tokens.weight"]
+    weights = build(tied, {"lm_head.weight": embed.clone()})
+    assert weights.lm_head is weights.embed
+    with pytest.raises(RunnerError, match="tie_word_embeddings is true but lm_head.weight differs"):
+        build(tied, {"lm_head.weight": embed + 1})

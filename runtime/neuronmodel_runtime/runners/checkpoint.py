@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -80,6 +81,17 @@ def read_config(model_dir: Path, max_model_len: int) -> LlamaConfig:
         )
     if raw.get("hidden_act", "silu") != "silu":
         raise RunnerError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (only silu)")
+    if raw.get("mlp_bias", False):
+        raise RunnerError(
+            f"{path}: mlp_bias is true, and the torch reference runner does not implement MLP biases (attention "
+            "biases it does): this checkpoint cannot be served with framework torch"
+        )
+    if raw.get("quantization_config"):
+        method = raw["quantization_config"].get("quant_method", "?")
+        raise RunnerError(
+            f"{path}: the checkpoint is quantized (quantization_config.quant_method {method!r}); the torch reference "
+            "runner loads unquantized (float32, bfloat16, float16) checkpoints only"
+        )
     window = _sliding_window(raw, architecture)
     if window is not None and max_model_len > window:
         raise RunnerError(
@@ -142,8 +154,12 @@ def build_weights(
 ) -> LlamaWeights:
     """Fuse and move the checkpoint's tensors (transformers' names) into `LlamaWeights`.
 
+    Consumes `tensors`: every tensor must be used, or be a known harmless leftover (see `_drop_harmless`),
+    because a dropped tensor (an MLP bias, a layer beyond num_hidden_layers, a quantization scale) loads fine
+    and silently gives wrong outputs.
+
     Raises:
-        RunnerError: a required tensor is missing.
+        RunnerError: a required tensor is missing, or tensors are left unused.
     """
 
     def take(name: str) -> torch.Tensor:
@@ -175,12 +191,61 @@ def build_weights(
                 down=take(f"{p}mlp.down_proj.weight"),
             )
         )
+    stored_embed = tensors.get("model.embed_tokens.weight")
     embed = take("model.embed_tokens.weight")
     tied = config.tie_word_embeddings or "lm_head.weight" not in tensors
     if tied and not config.tie_word_embeddings:
         raise RunnerError("checkpoint has no tensor 'lm_head.weight' and tie_word_embeddings is false")
-    return LlamaWeights(
+    weights = LlamaWeights(
         embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=embed if tied else take("lm_head.weight")
+    )
+    _drop_harmless(tensors, stored_embed)
+    if tensors:
+        raise _unused_tensors_error(config, sorted(tensors))
+    return weights
+
+
+def _drop_harmless(tensors: dict[str, torch.Tensor], stored_embed: torch.Tensor) -> None:
+    """Remove the leftovers that lose nothing: rotary inverse frequencies (buffers that old transformers versions
+    saved; recomputed from the config) and a tied model's lm_head.weight when it equals the embedding."""
+    for name in [n for n in tensors if n.endswith("rotary_emb.inv_freq")]:
+        del tensors[name]
+    head = tensors.get("lm_head.weight")
+    if head is not None and head.shape == stored_embed.shape and torch.equal(head.to(stored_embed.dtype), stored_embed):
+        del tensors["lm_head.weight"]
+
+
+_MLP_BIAS = re.compile(r"\.mlp\.(gate|up|down)_proj\.bias$")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+#: Last name components of the quantization parameters of GPTQ, AWQ, FP8 (compressed-tensors, DeepSeek) and
+#: bitsandbytes checkpoints.
+_QUANTIZATION = {"qweight", "qzeros", "scales", "g_idx", "weight_scale", "weight_scale_inv", "input_scale", "absmax",
+                 "quant_map", "SCB"}
+
+
+def _why_unused(name: str, config: LlamaConfig) -> str:
+    """Why the forward does not consume tensor `name`, as specifically as its name tells."""
+    if _MLP_BIAS.search(name):
+        return "the torch reference runner does not implement MLP biases (config.json mlp_bias)"
+    layer = _LAYER.search(name)
+    if layer and int(layer.group(1)) >= config.num_layers:
+        return f"the checkpoint has more layers than config.json num_hidden_layers ({config.num_layers})"
+    if name.rsplit(".", 1)[-1] in _QUANTIZATION or ".quant_state." in name:
+        return "they are quantization parameters, and the torch reference runner loads unquantized checkpoints only"
+    if name == "lm_head.weight":
+        return (
+            "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight (set "
+            "tie_word_embeddings to false in config.json if the model has its own head)"
+        )
+    return f"the torch reference runner's {config.architecture} forward does not use them"
+
+
+def _unused_tensors_error(config: LlamaConfig, names: list[str]) -> RunnerError:
+    shown = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    reasons = "; ".join(sorted({_why_unused(n, config) for n in names}))
+    noun = "tensor" if len(names) == 1 else "tensors"
+    return RunnerError(
+        f"{len(names)} checkpoint {noun} would be left unused ({shown}), which gives wrong outputs: {reasons}"
     )
 
 
