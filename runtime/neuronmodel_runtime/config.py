@@ -1,8 +1,10 @@
 """RuntimeConfig: the one JSON document that configures a runtime process.
 
 The operator writes it into a ConfigMap; `neuronmodel-runtime serve --config FILE` reads it. CLI flags and
-`NEURONMODEL_*` environment variables override single fields. It is parsed once, at the edge, and every
-component receives the typed object (or the slice it needs). This module never imports torch.
+`NEURONMODEL_*` environment variables override single fields: every leaf field has both, from one table
+(`SETTINGS`) generated from the fields themselves, whose `description`s are also the flags' help. It is parsed
+once, at the edge, and every component receives the typed object (or the slice it needs). This module never
+imports torch.
 """
 
 from __future__ import annotations
