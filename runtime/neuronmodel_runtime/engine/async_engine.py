@@ -90,6 +90,9 @@ class AsyncEngine:
         self._thread: Optional[threading.Thread] = None
         self._running = False  # the step loop is running
         self._stopped = threading.Event()  # the step loop has returned
+        # Liveness, written by the step thread and read by /health (plain attribute writes, no lock):
+        self._idle = True  # the step loop waits for work
+        self._progress_at = time.monotonic()  # when the current step-loop iteration began
 
     # -- facts the server reads -------------------------------------------------------------------------
     @property
@@ -116,6 +119,15 @@ class AsyncEngine:
     @property
     def num_unfinished(self) -> int:
         return len(self._streams)
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds the step loop has spent in its current iteration while requests wait on it; 0.0 when it is
+        idle (no work is not a hang) or not running (`alive` reports that). A runner call that never returns, a
+        known failure mode of Neuron runtimes, makes this grow without bound. `now` is a time.monotonic() value.
+        """
+        if self._idle or not self._running or not self._streams:
+            return 0.0
+        return max(0.0, now - self._progress_at)
 
     def stats(self) -> EngineStats:
         stats = self.engine.stats
@@ -199,7 +211,10 @@ class AsyncEngine:
         while True:
             with self._cv:
                 while not (self._stopping or self._inbox or self._aborts or self.engine.has_work):
+                    self._idle = True
                     self._cv.wait()
+                self._progress_at = time.monotonic()  # before _idle turns False: a reader never sees a stale time
+                self._idle = False
                 if self._stopping:
                     break
                 inbox, self._inbox = self._inbox, []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
@@ -13,9 +15,19 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """200 while the process and the engine's step thread are alive; 503 otherwise (restart me)."""
-    if not request.app.state.serving.engine.alive:
+    """200 while the engine's step loop runs and makes progress; 503 (restart me) when it is not running, or
+    when requests have waited on one step-loop iteration for longer than server.liveness_timeout_s."""
+    serving: Serving = request.app.state.serving
+    if not serving.engine.alive:
         raise APIError(503, "the engine step thread is not running", code="engine_dead")
+    stalled, limit = serving.engine.stalled_for(time.monotonic()), serving.config.server.liveness_timeout_s
+    if stalled > limit:
+        raise APIError(
+            503,
+            f"the engine step loop has made no progress for {stalled:.1f} s with requests in flight "
+            f"(server.liveness_timeout_s is {limit:g} s): the model runner is probably hung; restart the process",
+            code="engine_stalled",
+        )
     return JSONResponse({"status": "ok"})
 
 
