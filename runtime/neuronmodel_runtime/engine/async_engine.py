@@ -93,6 +93,7 @@ class AsyncEngine:
         # Liveness, written by the step thread and read by /health (plain attribute writes, no lock):
         self._idle = True  # the step loop waits for work
         self._progress_at = time.monotonic()  # when the current step-loop iteration began
+        self._admitted: dict[str, Request] = {}  # step thread only: given to the engine, no final output emitted yet
 
     # -- facts the server reads -------------------------------------------------------------------------
     @property
@@ -219,34 +220,72 @@ class AsyncEngine:
                     break
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
-            for request in inbox:
-                self.engine.add(request)
-            if aborts:
-                self.engine.abort(aborts)
             try:
+                for request in inbox:
+                    self._admit(request)
+                if aborts:
+                    self.engine.abort(aborts)
                 self.engine.step(self._emit)
-            except Exception:  # a bug, not bad input: fail what is in flight, keep the loop alive
-                log.exception("engine step failed; failing in-flight requests")
-                self._fail_all()
+            except Exception as exc:  # a bug, not bad input: fail what is in flight, keep the loop alive
+                log.exception("engine step failed; failing its requests")
+                self._fail_unfinished(f"engine step failed ({type(exc).__name__}: {exc}); retry the request")
         with self._cv:
-            for request in self._inbox:
-                self.engine.add(request)
-            self._inbox = []
-        self._fail_all()
+            inbox, self._inbox = self._inbox, []
+        for request in inbox:
+            self._admit(request)
+        self._fail_unfinished("the server shut down before this request finished")
 
-    def _fail_all(self) -> None:
+    def _admit(self, request: Request) -> None:
+        self._admitted[request.request_id] = request
+        self.engine.add(request)
+
+    def _fail_unfinished(self, why: str) -> None:
+        """Give every admitted request that has no final output yet one with finish_reason "error".
+
+        An exception late in a step (in the detokenizer, in `take_output`, in the engine's update, in `_emit`) can
+        lose the final outputs of the requests that step had already finished: without this their clients, and
+        the drain on SIGTERM, would wait for the request timeout. Never raises, so the step loop survives.
+        """
+        for stage in (self._fail_in_flight, self._fail_lost):
+            try:
+                stage(why)
+            except Exception:
+                log.exception("failing the unfinished requests: %s failed", stage.__name__)
+
+    def _fail_in_flight(self, why: str) -> None:
+        """Abort the waiting and running requests, free their slots, and emit their final outputs."""
         sched = self.engine.scheduler
         victims = [*sched.waiting, *sched.running.values()]
-        sched.abort([r.request_id for r in victims], reason=FINISH_ERROR)
-        sched.schedule()  # releases their slots
         for req in victims:
+            req.error = req.error or why
+        sched.abort([r.request_id for r in victims], reason=FINISH_ERROR)
+        released = sched.schedule().aborted  # the victims, and any request aborted since the last step
+        for req in released:
             if req.slot is not None:
                 self.engine.runner.release(req.slot)
-        self._emit([req.take_output() for req in victims if req.finished])
+        self._emit([self._final_output(req, why) for req in released])
+
+    def _fail_lost(self, why: str) -> None:
+        """End the requests the scheduler no longer advances whose final output never reached `_emit`."""
+        sched = self.engine.scheduler
+        advancing = {r.request_id for r in (*sched.waiting, *sched.running.values()) if not r.finished}
+        self._emit([_error_output(req, why) for rid, req in self._admitted.items() if rid not in advancing])
+
+    def _final_output(self, req: Request, why: str) -> RequestOutput:
+        """`req.take_output()`, or a bare error output when that fails too (a broken detokenizer)."""
+        try:
+            return req.take_output()
+        except Exception:
+            log.exception("request %s: its final output failed; ending it with an error", req.request_id)
+            return _error_output(req, why)
 
     def _emit(self, outputs: list[RequestOutput]) -> None:
+        """Post outputs to their streams (step thread). A final output ends the request's bookkeeping."""
         if outputs and self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._dispatch, outputs)
+        for out in outputs:
+            if out.finished:
+                self._admitted.pop(out.request_id, None)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -256,3 +295,19 @@ class AsyncEngine:
             if out.finished:
                 del self._streams[out.request_id]
             stream._queue.put_nowait(out)
+
+
+def _error_output(req: Request, why: str) -> RequestOutput:
+    """A final output with finish_reason "error" and no new text, for a request whose own final output was lost."""
+    req.metrics.finished = req.metrics.finished or time.monotonic()
+    return RequestOutput(
+        request_id=req.request_id,
+        text="",
+        token_ids=[],
+        num_prompt_tokens=len(req.prompt_ids),
+        num_output_tokens=len(req.output_ids),
+        finished=True,
+        finish_reason=FINISH_ERROR,
+        error=why,
+        metrics=req.metrics,
+    )
