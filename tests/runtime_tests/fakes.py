@@ -23,11 +23,12 @@ from neuronmodel_runtime.runners.base import (
     DecodeBatch,
     ModelRunner,
     PrefillBatch,
+    RunnerCapabilities,
     RunnerCapacity,
     StepOutput,
     TokenLogprob,
 )
-from neuronmodel_runtime.sampling.params import RowSampling
+from neuronmodel_runtime.sampling.params import RowSampling, SamplingCapabilities
 
 MODEL = "fake-model"
 SAMPLED_ALPHABET = b"abcdefghij "
@@ -50,14 +51,19 @@ class ChatByteTokenizer(ByteTokenizer):
 
 
 class EchoRunner(ModelRunner):
-    """Greedy rows echo their prompt then emit EOS; sampled rows draw letters from a per-slot seeded RNG
+    """Greedy rows echo their prompt then emit EOS (a "." while EOS is masked); sampled rows draw letters from a per-slot seeded RNG
     (never EOS). `delay` seconds per call make generation slow enough to disconnect or drain mid-way;
     a prompt starting with FAIL makes prefill raise."""
 
     framework = "fake"
 
-    def __init__(self, slots: int = 4, max_model_len: int = 256, max_context_length: int = 128, delay: float = 0.0):
+    def __init__(self, slots: int = 4, max_model_len: int = 256, max_context_length: int = 128, delay: float = 0.0,
+                 logprobs: bool = False):
         self.cap = RunnerCapacity(slots, max_context_length, max_model_len, 0, 257)
+        self.caps = RunnerCapabilities(SamplingCapabilities(
+            "fake", max_top_k=256, top_p_rule="keep", logprobs=logprobs, stop_token_masking=True,
+            fixes={"logprobs": "start it with sampling.on_device=false to get logprobs"},
+        ))
         self.delay = delay
         self.seqs: dict[int, tuple[list[int], int, random.Random]] = {}  # slot -> (prompt, produced, rng)
 
@@ -67,11 +73,15 @@ class EchoRunner(ModelRunner):
     def capacity(self) -> RunnerCapacity:
         return self.cap
 
+    def capabilities(self) -> RunnerCapabilities:
+        return self.caps
+
     def _next(self, slot: int, row: RowSampling) -> int:
         prompt, produced, rng = self.seqs[slot]
         self.seqs[slot] = (prompt, produced + 1, rng)
         if row.top_k == 1:
-            return prompt[produced] if produced < len(prompt) else EOS
+            token = prompt[produced] if produced < len(prompt) else EOS
+            return ord(".") if token in row.masked_token_ids else token  # min_tokens: EOS is masked
         return rng.choice(SAMPLED_ALPHABET)
 
     def _step(self, slots: list[int], sampling: list[RowSampling], num_logprobs: list[Optional[int]]) -> StepOutput:
@@ -110,7 +120,8 @@ def make_config(**dotted: Any) -> RuntimeConfig:
 def make_engine(config: RuntimeConfig, delay: float = 0.0) -> AsyncEngine:
     """The real AsyncEngine over EchoRunner, sized by `config` (not started: the app's lifespan starts it)."""
     tokenizer = ChatByteTokenizer()
-    runner = EchoRunner(config.max_num_seqs, config.max_model_len, config.max_context_length, delay)
+    runner = EchoRunner(config.max_num_seqs, config.max_model_len, config.max_context_length, delay,
+                        logprobs=not config.sampling.on_device)
     engine = Engine(runner, tokenizer, {EOS}, config.max_num_batched_tokens, config.server.request_timeout_s)
     info = {"framework": {"selected": {"framework": "fake", "version": "0.0"}}}
     return AsyncEngine(engine, tokenizer=tokenizer, model_name=MODEL, max_queue=config.server.max_queue, info=info)

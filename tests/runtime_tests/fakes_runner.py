@@ -8,9 +8,11 @@ from neuronmodel_runtime.runners.base import (
     DecodeBatch,
     ModelRunner,
     PrefillBatch,
+    RunnerCapabilities,
     RunnerCapacity,
     StepOutput,
 )
+from neuronmodel_runtime.sampling.params import SamplingCapabilities
 
 EOS = 256  # the first id past the 256 byte tokens; special, so decode skips it
 
@@ -34,10 +36,11 @@ class ScriptedRunner(ModelRunner):
 
     def __init__(self, script: Callable[[list[int], list[int]], int], slots: int = 4, max_model_len: int = 64,
                  max_context_length: Optional[int] = None, fail_on: Optional[Callable[[int], bool]] = None,
-                 spec_k: int = 0):
+                 spec_k: int = 0, fixed_k: bool = False):
         self.script = script
         self.cap = RunnerCapacity(slots, max_context_length or max_model_len, max_model_len, spec_k, 257)
-        self.spec_calls: list[tuple[list[int], list[list[int]]]] = []  # (num_spec_tokens, draft_tokens) per decode
+        self.fixed_k = fixed_k  # speculation compiled for one k (NxDI): a row speculates spec_k tokens or none
+        self.spec_calls: list[list[int]] = []  # num_spec_tokens per decode
         self.seqs: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (prompt, outputs)
         self.calls: list[tuple[str, list[int]]] = []  # (kind, slots)
         self.released: list[int] = []
@@ -48,6 +51,13 @@ class ScriptedRunner(ModelRunner):
 
     def capacity(self) -> RunnerCapacity:
         return self.cap
+
+    def capabilities(self) -> RunnerCapabilities:
+        """Fused speculation of any k per row (a perfect proposer), and a sampler that honours everything."""
+        sampling = SamplingCapabilities("scripted", max_top_k=256, top_p_rule="keep", logprobs=True, penalties=True,
+                                        logit_bias=True, stop_token_masking=True)
+        return RunnerCapabilities(sampling, fused_speculation=("draft",) if self.cap.speculation_length else (),
+                                  per_row_speculation_length=not self.fixed_k)
 
     def _check(self, slots: list[int]) -> None:
         assert len(set(slots)) == len(slots) and all(0 <= s < self.cap.max_num_seqs for s in slots)
@@ -68,7 +78,8 @@ class ScriptedRunner(ModelRunner):
     def decode(self, batch: DecodeBatch) -> StepOutput:
         self._check(batch.slots)
         self.calls.append(("decode", list(batch.slots)))
-        self.spec_calls.append((list(batch.num_spec_tokens), [list(d) for d in batch.draft_tokens]))
+        self.spec_calls.append(list(batch.num_spec_tokens))
+        assert not self.fixed_k or set(batch.num_spec_tokens) <= {self.cap.speculation_length}
         out = []
         for i, (slot, last, pos) in enumerate(zip(batch.slots, batch.last_tokens, batch.positions)):
             prompt, outputs = self.seqs[slot]

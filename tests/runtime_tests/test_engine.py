@@ -3,7 +3,9 @@
 import pytest
 
 from fakes_runner import EOS, ByteTokenizer, ScriptedRunner, text_script
+from neuronmodel_runtime.config import SpeculationConfig
 from neuronmodel_runtime.engine.engine import Engine
+from neuronmodel_runtime.engine.speculation import build_speculation
 from neuronmodel_runtime.engine.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from neuronmodel_runtime.sampling.params import SamplingParams
 
@@ -154,9 +156,11 @@ def test_outputs_do_not_depend_on_batching(n_slots):
     assert together == alone
 
 
-def spec_engine(text, k=4, max_model_len=64, proposer=None):
-    runner = ScriptedRunner(text_script(text), slots=2, max_model_len=max_model_len, spec_k=k)
-    return Engine(runner, TOK, {EOS}, 1000, proposer=proposer), runner
+def spec_engine(text, k=4, max_model_len=64, fixed_k=False):
+    """An engine over a fused-speculation runner whose drafts are always right."""
+    runner = ScriptedRunner(text_script(text), slots=2, max_model_len=max_model_len, spec_k=k, fixed_k=fixed_k)
+    return Engine(runner, TOK, {EOS}, 1000, speculation=build_speculation(
+        SpeculationConfig(mode="draft", draft_model="unused", num_speculative_tokens=k), runner)), runner
 
 
 @pytest.mark.parametrize(
@@ -180,7 +184,7 @@ def test_speculation_shrinks_near_max_model_len_instead_of_failing():
     engine, runner = spec_engine("z" * 100, k=4, max_model_len=12)
     res = run_all(engine, [("a", "abcd", SamplingParams())])["a"]
     assert len(res[1]) == 8 and res[2] == FINISH_LENGTH  # 4 prompt + 8 output = max_model_len
-    assert [k for ks, _ in runner.spec_calls for k in ks] == [4, 1]  # 4+1 tokens, then room for only 1+1
+    assert [k for ks in runner.spec_calls for k in ks] == [4, 1]  # 4+1 tokens, then room for only 1+1
 
 
 def test_speculation_metrics_count_drafts_and_acceptance_per_position():
@@ -192,9 +196,10 @@ def test_speculation_metrics_count_drafts_and_acceptance_per_position():
     assert s.spec_accepted_per_position == [2, 2, 2]
 
 
-def test_host_proposer_drafts_reach_the_runner_and_bound_the_step():
-    engine, runner = spec_engine("abcabcabc", k=4, proposer=lambda seq, n: seq[-3:][:n])
-    run_all(engine, [("a", "q", SamplingParams(max_tokens=5))])
-    nums, drafts = runner.spec_calls[0]
-    assert drafts[0] == [113, 97][: nums[0]] or len(drafts[0]) == nums[0]
-    assert all(len(d) == n for ns, ds in runner.spec_calls for n, d in zip(ns, ds))
+def test_fixed_k_runner_never_writes_past_its_kv_line():
+    """A runner compiled for one k gets k or nothing: in a slot's last k positions the engine decodes plainly."""
+    plain = run_all(make_engine(ScriptedRunner(text_script("z" * 100), max_model_len=12)), [("a", "abcd", SamplingParams())])
+    engine, runner = spec_engine("z" * 100, k=4, max_model_len=12, fixed_k=True)
+    res = run_all(engine, [("a", "abcd", SamplingParams())])["a"]
+    assert res == plain["a"] and len(res[1]) == 8 and res[2] == FINISH_LENGTH
+    assert [ks for ks in runner.spec_calls] == [[4], [], []]  # 5 -> 10 tokens, then 2 plain steps to 12

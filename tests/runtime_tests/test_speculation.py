@@ -14,9 +14,8 @@ import torch
 
 from fakes_runner import ByteTokenizer
 from runner_helpers import make_runner
-from neuronmodel_runtime.cli import prompt_lookup_proposer
-from neuronmodel_runtime.config import RuntimeConfig
 from neuronmodel_runtime.engine.engine import Engine
+from neuronmodel_runtime.engine.speculation import build_speculation
 from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingParams
@@ -28,9 +27,15 @@ def spec_fields(mode, k, draft=None):
     return {"speculation": {"mode": mode, "num_speculative_tokens": k, "draft_model": str(draft) if draft else None}}
 
 
-def run_engine(runner, requests, proposer=None, eos=()):
+def spec_engine(runner, eos=()):
+    """The real Engine over `runner`, speculating as the runner's config asks (as cli.build_engine wires it)."""
+    return Engine(runner, ByteTokenizer(), set(eos), max_num_batched_tokens=4096,
+                  speculation=build_speculation(runner.config.speculation, runner))
+
+
+def run_engine(runner, requests, eos=()):
     """requests: (id, prompt ids, SamplingParams) -> id -> output token ids; also returns the engine."""
-    engine = Engine(runner, ByteTokenizer(), set(eos), max_num_batched_tokens=4096, proposer=proposer)
+    engine = spec_engine(runner, eos)
     for rid, prompt, params in requests:
         engine.add(engine.make_request(rid, prompt, params))
     outputs = {rid: [] for rid, _, _ in requests}
@@ -73,8 +78,7 @@ def test_greedy_speculation_matches_plain_decoding(greedy_reference, tiny_checkp
         draft = target if mode == "draft-self" else tiny_checkpoint("qwen2")  # same vocab, different model
         fields = spec_fields("draft", k, draft)
     runner = make_runner(target, max_num_seqs=slots, **fields)
-    config = RuntimeConfig(**fields)
-    outputs, engine = run_engine(runner, reqs, proposer=prompt_lookup_proposer(config))
+    outputs, engine = run_engine(runner, reqs)
     assert outputs == expected
     stats = engine.stats
     assert stats.spec_drafts_total > 0 and stats.spec_draft_tokens_total >= stats.spec_accepted_tokens_total
@@ -99,7 +103,7 @@ def test_prompt_near_max_model_len_and_mixed_rows(tiny_checkpoint):
 def test_abort_mid_generation_then_slot_reuse_stays_exact(tiny_checkpoint):
     target = tiny_checkpoint("llama")
     runner = make_runner(target, max_num_seqs=1, **spec_fields("draft", 3, tiny_checkpoint("qwen2")))
-    engine = Engine(runner, ByteTokenizer(), set(), 4096)
+    engine = spec_engine(runner)
     engine.add(engine.make_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=40)))
     engine.step(lambda outs: None)
     engine.step(lambda outs: None)

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from neuronmodel_runtime.engine.detokenizer import Decoder, IncrementalDetokenizer, StopStringMatcher
 from neuronmodel_runtime.engine.outputs import FINISH_ERROR, EngineStats, RequestOutput
 from neuronmodel_runtime.engine.request import Request
 from neuronmodel_runtime.engine.scheduler import Scheduler
+from neuronmodel_runtime.engine.speculation import Speculation, speculative_decode
 from neuronmodel_runtime.runners.base import DecodeBatch, ModelRunner, PrefillBatch, StepOutput
-from neuronmodel_runtime.sampling.params import SamplingParams
+from neuronmodel_runtime.sampling.params import RowSampling, SamplingParams
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[list[RequestOutput]], None]
-#: Host-side proposer: (sequence tokens, most tokens to propose) -> proposed tokens (prompt lookup).
-Proposer = Callable[[list[int], int], list[int]]
 
 
 class Engine:
@@ -30,14 +29,18 @@ class Engine:
         eos_token_ids: Iterable[int],
         max_num_batched_tokens: int,
         request_timeout_s: float = 600.0,
-        proposer: Optional[Proposer] = None,
+        speculation: Optional[Speculation] = None,
+        sampling_defaults: Optional[Mapping[str, float]] = None,
     ):
         self.runner = runner
         self.tokenizer = tokenizer
         self.capacity = runner.capacity()
+        self.capabilities = runner.capabilities()
         self.eos_token_ids = frozenset(eos_token_ids)
         self.request_timeout_s = request_timeout_s
-        self.proposer = proposer  # None: the runner proposes (draft model) or nothing is speculated
+        self.speculation = speculation  # None: no speculation (build_speculation makes it from the config)
+        #: Request defaults from the model's generation_config.json (temperature, top_p, top_k, repetition_penalty).
+        self.sampling_defaults = dict(sampling_defaults or {})
         self.scheduler = Scheduler(self.capacity.max_num_seqs, max_num_batched_tokens)
         self.stats = EngineStats(num_running=0, num_waiting=0, num_slots=self.capacity.max_num_seqs)
 
@@ -48,7 +51,7 @@ class Engine:
             prompt_ids=list(prompt_ids),
             params=params,
             detokenizer=IncrementalDetokenizer.for_prompt(self.tokenizer, prompt_ids),
-            stop_matcher=StopStringMatcher(tuple(params.stop)),
+            stop_matcher=StopStringMatcher(tuple(params.stop), include_stop=params.include_stop_str_in_output),
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.capacity.max_model_len,
             deadline=0.0,
@@ -86,7 +89,7 @@ class Engine:
 
     def _prefill(self, reqs: list[Request]) -> StepOutput:
         self.stats.prompt_tokens_total += sum(len(r.prompt_ids) for r in reqs)
-        return self.runner.prefill(
+        out = self.runner.prefill(
             PrefillBatch(
                 slots=[r.slot for r in reqs],
                 prompt_ids=[r.prompt_ids for r in reqs],
@@ -94,31 +97,48 @@ class Engine:
                 num_logprobs=[r.params.logprobs for r in reqs],
             )
         )
+        proposer = self.speculation.proposer if self.speculation else None
+        if proposer is not None:
+            for req, tokens in zip(reqs, out.token_ids):
+                proposer.start(req.slot, req.prompt_ids, tokens[0])
+        return out
 
     def _decode(self, reqs: list[Request]) -> StepOutput:
-        num_spec = [self._spec_budget(r) for r in reqs] if self.capacity.speculation_length else []
-        drafts: list[list[int]] = []
-        if num_spec and self.proposer is not None:
-            drafts = [self.proposer(r.prompt_ids + r.output_ids, n) if n else [] for r, n in zip(reqs, num_spec)]
-            num_spec = [len(d) for d in drafts]
-        return self.runner.decode(
-            DecodeBatch(
-                slots=[r.slot for r in reqs],
-                last_tokens=[r.output_ids[-1] for r in reqs],
-                positions=[r.num_tokens - 1 for r in reqs],
-                sampling=[r.row for r in reqs],
-                num_spec_tokens=num_spec,
-                draft_tokens=drafts,
-                num_logprobs=[r.params.logprobs for r in reqs],
-            )
+        rows = [r.row for r in reqs]
+        batch = DecodeBatch(
+            slots=[r.slot for r in reqs],
+            last_tokens=[r.output_ids[-1] for r in reqs],
+            positions=[r.num_tokens - 1 for r in reqs],
+            sampling=rows,
+            num_logprobs=[r.params.logprobs for r in reqs],
         )
+        spec = self.speculation
+        budgets = [self._spec_budget(r, row) for r, row in zip(reqs, rows)] if spec else []
+        if not any(budgets):
+            out = self.runner.decode(batch)
+        else:
+            histories = [r.prompt_ids + r.output_ids for r in reqs] if spec.proposer is not None else []
+            out = speculative_decode(self.runner, spec, batch, budgets, histories,
+                                     self.capabilities.sampling.max_top_k)
+        if spec is not None and spec.proposer is not None:
+            for req, tokens in zip(reqs, out.token_ids):
+                spec.proposer.accept(req.slot, tokens)
+        return out
 
-    def _spec_budget(self, req: Request) -> int:
-        """Draft tokens worth proposing: k, reduced so the step neither passes max_model_len nor max_tokens."""
-        if req.params.logprobs is not None:  # logprobs come from plain decode steps only
+    def _spec_budget(self, req: Request, row: RowSampling) -> int:
+        """Draft tokens worth proposing this step; 0 = decode without speculation.
+
+        Rows with logprobs or logits processors never speculate (those come from plain decode steps). A per-row
+        runner gets k reduced so the step passes neither max_model_len nor max_tokens; a runner compiled for
+        one k gets k or, in a slot's last k positions (where verification would write past the KV line), 0.
+        """
+        spec = self.speculation
+        if spec is None or req.params.logprobs is not None or row.processes_logits:
             return 0
         room_in_cache = self.capacity.max_model_len - req.num_tokens  # verification writes k more positions
-        return max(0, min(self.capacity.speculation_length, room_in_cache, req.max_new_tokens - 1))
+        if not spec.per_row_length:
+            return spec.k if room_in_cache >= spec.k else 0
+        return max(0, min(spec.k, room_in_cache, req.max_new_tokens - 1))
 
     def _count_speculation(self, out: StepOutput) -> None:
         if not out.num_draft_tokens:
@@ -167,3 +187,5 @@ class Engine:
     def _release_slot(self, req: Request) -> None:
         if req.slot is not None:
             self.runner.release(req.slot)
+            if self.speculation is not None and self.speculation.proposer is not None:
+                self.speculation.proposer.release(req.slot)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Optional
 
 from neuronmodel_runtime.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
@@ -47,9 +48,26 @@ class Request:
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
 
+    @cached_property
+    def _base_row(self) -> RowSampling:
+        return self.params.row()
+
+    @cached_property
+    def _min_tokens_mask(self) -> tuple[int, ...]:
+        """Tokens that would end the request: masked on the device until min_tokens outputs exist (as vLLM)."""
+        stops = set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(self.eos_token_ids))
+        return tuple(sorted(stops))
+
     @property
     def row(self) -> RowSampling:
-        return self.params.row()
+        """This step's device row: the request's sampling, its min_tokens mask while it applies, and the token
+        history when a penalty needs it."""
+        row = self._base_row
+        masked = self._min_tokens_mask if len(self.output_ids) < self.params.min_tokens else ()
+        if not masked and not row.has_penalties:
+            return row
+        history = {"prompt_ids": self.prompt_ids, "output_ids": self.output_ids} if row.has_penalties else {}
+        return replace(row, masked_token_ids=masked, **history)
 
     @property
     def num_tokens(self) -> int:

@@ -179,6 +179,14 @@ class LlamaModel:
         """Final norm and LM head. hidden: `[..., D]` -> `[..., V]` in the model dtype."""
         return F.linear(rms_norm(hidden, self.weights.norm, self.config.rms_norm_eps), self.weights.lm_head)
 
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def last_logits(self, tokens: torch.Tensor, slots: Sequence[int], start_pos: Sequence[int]) -> torch.Tensor:
+        """Logits at the last fed position only: `[B, T]` tokens -> `[B, V]` (prefill of one group, drafting)."""
+        return self.logits(self.hidden_states(tokens, slots, start_pos)[:, -1])
+
     def forward(self, tokens: torch.Tensor, slots: Sequence[int], start_pos: Sequence[int]) -> torch.Tensor:
         """Logits at every fed position: `[B, T]` tokens -> `[B, T, V]` (speculative verification needs them all)."""
         return self.logits(self.hidden_states(tokens, slots, start_pos))

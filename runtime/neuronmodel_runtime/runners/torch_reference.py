@@ -9,11 +9,12 @@ Prefill runs the prompts in groups of similar length, right-padded (one forward 
 logits at each row's last real token only. Decode runs every row in one forward, rows sorted by slot so that
 consecutive slots read their KV lines as a view instead of a copy.
 
-Speculation (`speculation.mode` draft or promptLookup) is fused into `decode`, as NxDI's fused speculation is:
-the proposals (the draft model's, or the engine's prompt-lookup tokens) and the target's scoring of all k+1
-positions in one forward happen inside one call, and the result travels in NxDI's shape (tokens padded with 0,
-next positions) before it becomes per-row token lists. Rejected positions need no rollback: the engine's next
-position is the source of truth, and every KV position is rewritten before it is read again.
+Speculation (`speculation.mode` draft or promptLookup) is scored: the engine proposes (prompt lookup, or the
+draft model this runner loads, `draft_model()`), `score()` runs the target over all k+1 positions in one forward
+per distinct k, and the engine verifies on this runner's per-slot generators. Rejected positions need no rollback:
+the engine's next position is the source of truth, and every KV position is rewritten before it is read again.
+
+Before sampling, the logits processors (min_tokens mask, logit_bias, penalties) apply to the rows that use them.
 """
 
 from __future__ import annotations
@@ -30,18 +31,20 @@ from neuronmodel_runtime.runners.base import (
     DecodeBatch,
     ModelRunner,
     PrefillBatch,
+    RunnerCapabilities,
     RunnerCapacity,
     RunnerError,
+    ScoreBatch,
     StepOutput,
     TokenLogprob,
 )
 from neuronmodel_runtime.runners.checkpoint import build_weights, read_config, read_tensors, resolve_dtype
-from neuronmodel_runtime.runners.draft import DraftModel, vocabulary_mismatch
 from neuronmodel_runtime.runners.llama import LlamaModel
-from neuronmodel_runtime.sampling.params import RowSampling
+from neuronmodel_runtime.runners.vocabulary import vocabulary_mismatch
+from neuronmodel_runtime.sampling.params import RowSampling, SamplingCapabilities
+from neuronmodel_runtime.sampling.processors import apply_logits_processors
 from neuronmodel_runtime.sampling.sampler import sample
 from neuronmodel_runtime.sampling.tensors import sampling_tensor, validate_sampling_tensor
-from neuronmodel_runtime.spec_decode.verify import unpad_fused, verify
 
 #: A prefill group grows while its padded size stays within this factor of its real tokens. Measured on 2 CPU
 #: cores with SmolLM2: one right-padded forward of 8-16 short prompts is 30-40% faster than one forward each.
@@ -72,7 +75,7 @@ class TorchReferenceRunner(ModelRunner):
         self.device = torch.device(config.device)
         self.global_top_k = config.sampling.global_top_k
         self.model: Optional[LlamaModel] = None
-        self.draft: Optional[DraftModel] = None  # speculation.mode "draft" only
+        self.draft: Optional[LlamaModel] = None  # speculation.mode "draft" only
         spec = config.speculation
         self.speculation_length = spec.num_speculative_tokens if spec.mode in ("draft", "promptLookup") else 0
         # Per slot: the generator its sequence samples with; seeded at prefill, continued by every decode.
@@ -102,7 +105,7 @@ class TorchReferenceRunner(ModelRunner):
         weights = build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
         self.model = LlamaModel(model_config, weights, cfg.max_num_seqs, cfg.max_model_len)
         if cfg.speculation.mode == "draft":
-            self.draft = DraftModel(self._load_draft(model_config.vocab_size, dtype), self.global_top_k)
+            self.draft = self._load_draft(model_config.vocab_size, dtype)
 
     def _load_draft(self, vocab_size: int, dtype: torch.dtype) -> LlamaModel:
         cfg = self.config
@@ -125,6 +128,24 @@ class TorchReferenceRunner(ModelRunner):
             vocab_size=self._model().config.vocab_size,
         )
 
+    def capabilities(self) -> RunnerCapabilities:
+        on_device = self.config.sampling.on_device
+        return RunnerCapabilities(
+            sampling=SamplingCapabilities(
+                runner=self.framework,
+                max_top_k=self.global_top_k,
+                top_p_rule="keep",
+                seeds=True,
+                logprobs=not on_device,  # on the device, only token ids leave the runner (as on Neuron)
+                penalties=True,
+                logit_bias=True,
+                stop_token_masking=True,
+                fixes={"logprobs": "start it with sampling.on_device=false to get logprobs"},
+            ),
+            host_drafts=True,
+            per_row_speculation_length=True,
+        )
+
     @torch.inference_mode()
     def prefill(self, batch: PrefillBatch) -> StepOutput:
         model = self._model()
@@ -145,84 +166,55 @@ class TorchReferenceRunner(ModelRunner):
             logits[torch.tensor(group, device=model.device)] = model.logits(
                 hidden[torch.arange(len(group), device=model.device), last]
             )  # [G, V]
-        out = self._sample(logits, batch.slots, batch.sampling, batch.num_logprobs)
-        if self.draft is not None:
-            for slot, prompt, first in zip(batch.slots, batch.prompt_ids, out.token_ids):
-                self.draft.start(slot, prompt, first[0])
-        return out
+        return self._sample(logits, batch.slots, batch.sampling, batch.num_logprobs)
 
     @torch.inference_mode()
     def decode(self, batch: DecodeBatch) -> StepOutput:
-        """1..k_i+1 tokens per row with speculation (`num_spec_tokens`), else exactly one."""
+        """Exactly one token per row (speculation is scored: see `score`)."""
         self._check_slots(batch.slots)
         if any(batch.num_spec_tokens):
-            out = self._speculate(batch)
-        else:
-            out = self._decode_one(batch)
-        if self.draft is not None:
-            for i, slot in enumerate(batch.slots):
-                fed = max(batch.num_spec_tokens[i] - 1, 0) if batch.num_spec_tokens else 0
-                self.draft.accept(slot, out.token_ids[i], drafts_fed=fed)
-        return out
-
-    def _decode_one(self, batch: DecodeBatch) -> StepOutput:
+            raise ValueError("the torch runner speculates through score(), not fused decode")
         model = self._model()
         order = sorted(range(len(batch.slots)), key=lambda i: batch.slots[i])  # by slot: consecutive lines
         tokens = torch.tensor([[batch.last_tokens[i]] for i in order], dtype=torch.int64)  # [B, 1]
-        hidden = model.hidden_states(tokens, [batch.slots[i] for i in order], [batch.positions[i] for i in order])
-        sorted_logits = model.logits(hidden[:, -1])  # [B, V], rows in slot order
+        sorted_logits = model.last_logits(tokens, [batch.slots[i] for i in order],
+                                          [batch.positions[i] for i in order])  # [B, V], rows in slot order
         logits = torch.empty_like(sorted_logits)  # [B, V], rows in batch order
         logits[torch.tensor(order, device=model.device)] = sorted_logits
         return self._sample(logits, batch.slots, batch.sampling, batch.num_logprobs)
 
-    def _speculate(self, batch: DecodeBatch) -> StepOutput:
-        """Propose, score all k_i+1 positions with the target in one forward per k, verify exactly."""
+    @torch.inference_mode()
+    def score(self, batch: ScoreBatch) -> torch.Tensor:
+        """Target logits at the last token and each draft, one forward per distinct k: `[B, k+1, V]`."""
         model = self._model()
-        num_spec = list(batch.num_spec_tokens)
-        if max(num_spec) > self.speculation_length:
-            raise ValueError(f"num_spec_tokens {num_spec} exceed the speculation length {self.speculation_length}")
-        params = self._sampling_tensor(batch.sampling)  # [B, 3]
-        generators = self._generators_of(batch.slots)
-        width = max(num_spec)
-        drafts = torch.zeros(len(num_spec), width, dtype=torch.int64)  # [B, k], zero-padded
-        draft_probs: Optional[torch.Tensor] = None  # [B, k, V]; None = deterministic (prompt-lookup) proposals
-        if self.draft is not None:
-            rows = [i for i, k in enumerate(num_spec) if k]
-            proposed, probs = self.draft.propose(
-                [batch.slots[i] for i in rows], [num_spec[i] for i in rows], params[rows], [generators[i] for i in rows]
-            )
-            drafts[rows, : proposed.shape[1]] = proposed
-            if probs is not None:  # some row samples: verification needs its q
-                draft_probs = torch.zeros(len(num_spec), width, model.config.vocab_size, device=model.device)
-                draft_probs[torch.tensor(rows, device=model.device), : probs.shape[1]] = probs
-        else:
-            for i, proposal in enumerate(batch.draft_tokens):
-                if len(proposal) != num_spec[i]:
-                    raise ValueError(f"row {i}: {len(proposal)} draft tokens for num_spec_tokens {num_spec[i]}")
-                drafts[i, : len(proposal)] = torch.tensor(proposal, dtype=torch.int64)
-        logits = torch.zeros(len(num_spec), width + 1, model.config.vocab_size, dtype=model.dtype,
+        self._check_slots(batch.slots)
+        num_spec = [len(d) for d in batch.draft_tokens]
+        if not all(1 <= k <= self.speculation_length for k in num_spec):
+            raise ValueError(f"draft lengths {num_spec} must be in [1, {self.speculation_length}]")
+        logits = torch.zeros(len(num_spec), max(num_spec) + 1, model.vocab_size, dtype=model.dtype,
                              device=model.device)  # [B, k+1, V]; positions past a row's k_i stay unused
         by_k: dict[int, list[int]] = {}
         for i, k in enumerate(num_spec):
             by_k.setdefault(k, []).append(i)
         for k, rows in by_k.items():
-            fed = torch.cat([torch.tensor([[batch.last_tokens[i]] for i in rows]), drafts[rows, :k]], dim=1)  # [G, k+1]
+            fed = torch.tensor([[batch.last_tokens[i], *batch.draft_tokens[i]] for i in rows])  # [G, k+1]
             scored = model.forward(fed, [batch.slots[i] for i in rows], [batch.positions[i] for i in rows])
             logits[torch.tensor(rows, device=model.device), : k + 1] = scored  # [G, k+1, V]
-        tokens, emitted = verify(logits, drafts, num_spec, params, generators, self.global_top_k, draft_probs)
-        next_positions = torch.tensor(batch.positions)[:, None] + emitted[:, None]  # [B, 1], NxDI's fused output
-        token_ids = unpad_fused(tokens, batch.positions, next_positions)
-        wanted = list(batch.num_logprobs) + [None] * (len(num_spec) - len(batch.num_logprobs))
-        logprobs = None
-        if any(n is not None for n in wanted):  # the engine never speculates for such rows (k_i = 0)
-            logprobs = _logprobs(logits[:, 0], [t[0] for t in token_ids], wanted)
-        return StepOutput(token_ids=token_ids, logprobs=logprobs, num_draft_tokens=num_spec)
+        if not self.config.sampling.on_device:
+            return logits.float().cpu()  # host sampling: the verifier runs where the generators live
+        return logits
+
+    def slot_generators(self, slots: Sequence[int]) -> list[torch.Generator]:
+        return self._generators_of(slots)
+
+    def draft_model(self) -> LlamaModel:
+        if self.draft is None:
+            raise RunnerError("no draft model is loaded: set speculation.mode draft and speculation.draft_model")
+        return self.draft
 
     def release(self, slot: int) -> None:
         # NOTE: the KV line needs no reset: a position is always written before it is read (see llama.py).
         self._generators.pop(slot, None)
-        if self.draft is not None:
-            self.draft.release(slot)
 
     def info(self) -> dict[str, Any]:
         facts: dict[str, Any] = {"framework": self.framework, "torch": torch.__version__, "device": str(self.device)}
@@ -267,12 +259,16 @@ class TorchReferenceRunner(ModelRunner):
         sampling: list[RowSampling],
         num_logprobs: list[Optional[int]],
     ) -> StepOutput:
-        """Sample one token per row (on the device, or on the host from a numpy copy); logprobs when asked."""
+        """Sample one token per row (on the device, or on the host from a numpy copy); logprobs when asked.
+
+        Logprobs are of the raw logits (vLLM's default `raw_logprobs`); the token is sampled from the processed ones.
+        """
         params = self._sampling_tensor(sampling)  # [B, 3]
         generators = self._generators_of(slots)
         if not self.config.sampling.on_device:
             logits = torch.from_numpy(np.array(logits.float().cpu().numpy(), copy=True))  # the device->host copy
-        tokens = sample(logits, params, generators, self.global_top_k).tolist()
+        processed = apply_logits_processors(logits, sampling)
+        tokens = sample(processed, params, generators, self.global_top_k).tolist()
         wanted = list(num_logprobs) + [None] * (len(slots) - len(num_logprobs))
         logprobs = _logprobs(logits, tokens, wanted) if any(n is not None for n in wanted) else None
         return StepOutput(token_ids=[[t] for t in tokens], logprobs=logprobs)

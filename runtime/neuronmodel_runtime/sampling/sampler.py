@@ -8,15 +8,17 @@ Glossary:
         candidate is always kept), then renormalise; a dropped candidate gets logprob -inf.
     greedy row: top_k == 1; its token is the exact argmax of the raw logits (ties go to the lowest id, as
         `torch.argmax`), never a draw.
-    sampled row: any other row; its token is drawn with the row's own generator by an exponential race,
-        `argmax(p / E)` with `E ~ Exp(1)` per candidate, which picks candidate i with probability p_i. A row
-        draws exactly K numbers per step from its own generator, so its output never depends on the other rows.
+    sampled row: any other row; its token is drawn with the row's own generator by `draw`, the one sampling
+        primitive (speculative verification draws its recovered and bonus tokens with it too), over the row's
+        K candidates: a row draws exactly K numbers per token, so its output never depends on the other rows.
 
 Note: NxDI drops the candidate whose cumulative mass first exceeds top_p; we keep it (the nucleus of Holtzman et
 al., as vLLM and transformers do), so that top_p reaches at least the requested mass.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -84,13 +86,36 @@ def target_probs(logits: torch.Tensor, params: torch.Tensor, global_top_k: int) 
     return probs
 
 
-def sample(
-    logits: torch.Tensor, params: torch.Tensor, generators: list[torch.Generator], global_top_k: int
-) -> torch.Tensor:
-    """One token per row: exact argmax for greedy rows, a draw with the row's own generator otherwise.
+def draw(candidate_ids: torch.Tensor, probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """The one sampling draw, used by the sampler and by speculative verification alike.
+
+    Row r picks candidate i with probability `probs[r, i] / probs[r].sum()` by an exponential race,
+    `argmax(p / E)` with `E ~ Exp(1)` drawn from `generators[r]`: exactly one number per candidate, so a
+    row's draw never depends on the other rows, and zero-probability candidates never win.
 
     Args:
-        logits: `[B, V]` raw logits, on any device.
+        candidate_ids: `[R, K]` int64 token ids.
+        probs: `[R, K]` non-negative weights (need not be normalised), on the generators' device.
+        generators: R generators.
+
+    Returns:
+        `[R]` int64 token ids.
+    """
+    race = torch.empty(probs.shape, dtype=torch.float32, device=probs.device)  # [R, K]
+    for row, generator in enumerate(generators):
+        race[row].exponential_(generator=generator)
+    # NOTE: the clamp keeps an E of exactly 0 from dividing by zero.
+    choice = torch.argmax(probs.float() / race.clamp_min(1e-30), dim=-1, keepdim=True)  # [R, 1]
+    return candidate_ids.gather(1, choice).squeeze(1)
+
+
+def sample(
+    logits: torch.Tensor, params: torch.Tensor, generators: Sequence[torch.Generator], global_top_k: int
+) -> torch.Tensor:
+    """One token per row: exact argmax for greedy rows, a `draw` with the row's own generator otherwise.
+
+    Args:
+        logits: `[B, V]` logits (after the logits processors), on any device.
         params: `[B, 3]` sampling tensor (top_k, top_p, temperature).
         generators: B generators on the logits' device, row i draws from `generators[i]` only.
         global_top_k: candidates kept per row before the per-row filters.
@@ -104,13 +129,8 @@ def sample(
         return tokens
     index = torch.tensor(sampled, device=logits.device)  # [S]
     candidate_ids, candidate_logprobs = processed_logprobs(logits[index], params[sampled], global_top_k)  # [S, K]
-    race = torch.empty(candidate_logprobs.shape, dtype=torch.float32, device=logits.device)  # [S, K]
-    for row, i in enumerate(sampled):
-        race[row].exponential_(generator=generators[i])
-    # argmax(p / E) == argmax(log p - log E); the clamp keeps an E of exactly 0 from turning -inf into NaN.
-    choice = torch.argmax(candidate_logprobs - race.clamp_min(1e-30).log(), dim=-1, keepdim=True)  # [S, 1]
-    tokens[index] = candidate_ids.gather(1, choice).squeeze(1)
+    tokens[index] = draw(candidate_ids, candidate_logprobs.exp(), [generators[i] for i in sampled])
     return tokens
 
 
-__all__ = ["processed_logprobs", "sample", "target_probs"]
+__all__ = ["draw", "processed_logprobs", "sample", "target_probs"]

@@ -1,8 +1,11 @@
 """The OpenAI wire format: pydantic models of the requests we accept and the responses and chunks we send.
 
-Requests ignore unknown fields (as OpenAI and vLLM do) and treat an explicit `null` as "use the default".
+Every OpenAI / vLLM request field is implemented or refused: the fields below are implemented; `REFUSED_FIELDS`
+lists the ones this server does not implement, each with why (a request may still send their neutral value);
+`IGNORED_FIELDS` change nothing about the output; anything else is an unknown field. The server answers 400
+naming the field for the last two kinds (`serving.check_fields`). An explicit `null` means "use the default".
 Range checks live in `SamplingParams.validate` and `serving.py`, so every limit is checked once, against the
-server's real capacity, with a message that names the field.
+loaded runner's capabilities and capacity, with a message that names the field.
 """
 
 from __future__ import annotations
@@ -14,6 +17,52 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 #: int64, like OpenAI's `seed`.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+
+
+#: Fields accepted and ignored: they do not change the output (OpenAI's end-user id and bookkeeping).
+IGNORED_FIELDS = frozenset({"user", "metadata", "service_tier", "parallel_tool_calls"})
+
+_NO_TOOLS = "tool calling is not supported by this server"
+_NO_STRUCTURED = "structured output (JSON schema, regex, grammar, choice) is not supported by this server"
+#: field -> (values that mean "not used", why the field is refused otherwise).
+REFUSED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "suffix": ((None, ""), "suffix (insertion) is not supported: completions only append to the prompt"),
+    "best_of": ((None, 1), "best_of > 1 is not supported; use n"),
+    "response_format": (({"type": "text"},), _NO_STRUCTURED),
+    "guided_json": ((None,), _NO_STRUCTURED),
+    "guided_regex": ((None,), _NO_STRUCTURED),
+    "guided_choice": ((None,), _NO_STRUCTURED),
+    "guided_grammar": ((None,), _NO_STRUCTURED),
+    "structured_outputs": ((None,), _NO_STRUCTURED),
+    "tools": ((None, []), _NO_TOOLS),
+    "tool_choice": ((None, "none"), _NO_TOOLS),
+    "functions": ((None, []), _NO_TOOLS),
+    "function_call": ((None, "none"), _NO_TOOLS),
+    "min_p": ((None, 0, 0.0), "min_p is not supported; use top_p or top_k"),
+    "use_beam_search": ((None, False), "beam search is not supported"),
+    "length_penalty": ((None, 1, 1.0), "length_penalty applies to beam search, which is not supported"),
+    "prompt_logprobs": ((None,), "prompt logprobs are not computed"),
+    "allowed_token_ids": ((None,), "allowed_token_ids is not supported; use logit_bias"),
+    "bad_words": ((None, []), "bad_words is not supported; use logit_bias"),
+    "skip_special_tokens": ((None, True), "special tokens are always skipped in the output text"),
+    "spaces_between_special_tokens": ((None, True), "special tokens are always skipped in the output text"),
+    "truncate_prompt_tokens": ((None,), "prompts are never truncated; shorten the prompt"),
+    "chat_template": ((None,), "the model's own chat template is always used"),
+    "chat_template_kwargs": ((None, {}), "the model's own chat template is always used"),
+    "add_generation_prompt": ((None, True), "the assistant's turn is always opened"),
+    "continue_final_message": ((None, False), "continuing the final message is not supported"),
+    "documents": ((None, []), "documents (RAG templates) are not supported"),
+    "logits_processors": ((None, []), "custom logits processors are not supported"),
+    "priority": ((None, 0), "priority scheduling is not supported: requests are served first come, first served"),
+    "return_tokens_as_token_ids": ((None, False), "tokens are returned as text"),
+    "store": ((None, False), "completions are never stored"),
+    "echo": ((None, False), "echo is supported by /v1/completions only"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "modalities": ((None, ["text"]), "only text output is supported"),
+    "audio": ((None,), "only text output is supported"),
+    "reasoning_effort": ((None,), "reasoning effort is not supported"),
+    "web_search_options": ((None,), "web search is not supported"),
+}
 
 
 class _Request(BaseModel):
@@ -31,7 +80,10 @@ class StreamOptions(_Request):
 
 
 class _GenerationRequest(_Request):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+    """Fields shared by /v1/completions and /v1/chat/completions. Unknown fields are kept (`model_extra`) so
+    that the server can refuse them by name."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     #: Must be the served model name when given.
     model: Optional[str] = None
@@ -43,12 +95,28 @@ class _GenerationRequest(_Request):
     seed: Optional[int] = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
     #: Up to a few strings; generation ends before the first match, which is not returned.
     stop: Optional[Union[str, list[str]]] = None
+    #: 0 = greedy; below 1e-5 is greedy too. Omitted: the model's generation_config.json default, else 1.
     temperature: float = 1.0
+    #: Nucleus mass kept, (0, 1]. Omitted: generation_config.json, else 1.
     top_p: float = 1.0
+    #: [-2, 2]: minus this once for every token already in the output.
+    presence_penalty: float = 0.0
+    #: [-2, 2]: minus this per occurrence in the output.
+    frequency_penalty: float = 0.0
+    #: Token id (as a string) -> bias in [-100, 100] added to its logit.
+    logit_bias: Optional[dict[str, float]] = None
     # vLLM's extensions:
+    #: Candidates kept; -1 or 0 = no limit. Omitted: generation_config.json, else -1.
     top_k: int = -1
+    #: (0, 2]: divides positive / multiplies negative logits of tokens in the prompt or output; 1 = none.
+    repetition_penalty: float = 1.0
+    #: EOS and stop_token_ids are masked, and stop strings ignored, until this many tokens.
     min_tokens: int = 0
     ignore_eos: bool = False
+    #: Token ids that end generation, besides EOS.
+    stop_token_ids: Optional[list[int]] = None
+    #: Keep the matched stop string in the output text.
+    include_stop_str_in_output: bool = False
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -62,6 +130,16 @@ class _GenerationRequest(_Request):
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
         return tuple(s for s in stop if s)
 
+    def bias_ids(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias); raises ValueError naming a key that is not a token id."""
+        out = []
+        for key, bias in (self.logit_bias or {}).items():
+            try:
+                out.append((int(key), bias))
+            except ValueError:
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+        return tuple(out)
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -73,6 +151,8 @@ class CompletionRequest(_GenerationRequest):
     max_tokens: int = 16
     #: Top logprobs per token (0..20); needs on-device sampling off.
     logprobs: Optional[int] = None
+    #: Return the prompt before the completion.
+    echo: bool = False
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
@@ -28,7 +29,7 @@ from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.sampling.params import MAX_N, SamplingParams, SamplingParamsError, choice_seed
 from neuronmodel_runtime.server.errors import APIError, error_body, invalid
 from neuronmodel_runtime.server.metrics import Metrics
-from neuronmodel_runtime.server.protocol import Usage
+from neuronmodel_runtime.server.protocol import IGNORED_FIELDS, REFUSED_FIELDS, Usage
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,10 @@ class Serving:
         self.created = int(time.time())
         self.draining = False
         self._live: set[Generation] = set()
+        #: Request fields' defaults from the model's generation_config.json (vLLM's default behaviour).
+        self.sampling_defaults: dict[str, float] = dict(engine.sampling_defaults)
+        # One thread: a Hugging Face tokenizer is not meant for concurrent calls.
+        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
     # -- request -> engine ----------------------------------------------------------------------------
     def check_model(self, model: Optional[str]) -> None:
@@ -203,33 +208,62 @@ class Serving:
                 code="model_not_found",
             )
 
+    def check_fields(self, req: Any) -> None:
+        """400 for a field this server refuses (unless it holds its neutral value) and for unknown fields."""
+        for name, value in (req.model_extra or {}).items():
+            if name in IGNORED_FIELDS:
+                continue
+            if name not in REFUSED_FIELDS:
+                raise invalid(name, f"unknown field {name!r}; remove it (see GET /openapi.json for the fields)")
+            neutral, why = REFUSED_FIELDS[name]
+            if name == "best_of" and value == req.n:
+                continue
+            if value not in neutral:
+                raise invalid(name, f"{name}: {why}")
+
     def sampling_params(self, req: Any, *, max_tokens: Optional[int], logprobs: Optional[int],
                         names: Optional[dict[str, str]] = None) -> SamplingParams:
-        """The request's SamplingParams, validated; `names` maps a field to the name the client used."""
+        """The request's SamplingParams, normalised and validated against the runner's capabilities; fields the
+        request omits take the model's generation_config.json defaults. `names` maps a field to the client's."""
+        self.check_fields(req)
         if not 1 <= req.n <= MAX_N:
             raise invalid("n", f"n must be in [1, {MAX_N}], got {req.n}")
         if req.stream_options is not None and not req.stream:
             raise invalid("stream_options", "stream_options is only allowed with stream: true")
+        try:
+            logit_bias = req.bias_ids()
+        except ValueError as exc:
+            raise invalid("logit_bias", str(exc)) from None
+        given = req.model_fields_set
+        defaults = {k: v for k, v in self.sampling_defaults.items() if k not in given}
         params = SamplingParams(
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
+            temperature=defaults.get("temperature", req.temperature),
+            top_p=defaults.get("top_p", req.top_p),
+            top_k=int(defaults.get("top_k", req.top_k)),
+            repetition_penalty=defaults.get("repetition_penalty", req.repetition_penalty),
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logit_bias=logit_bias,
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
             stop=req.stop_strings,
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            include_stop_str_in_output=req.include_stop_str_in_output,
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
         )
+        cap = self.engine.capacity
         try:
-            return params.validate(
-                global_top_k=self.config.sampling.global_top_k,
-                max_model_len=self.engine.capacity.max_model_len,
-                on_device_sampling=self.config.sampling.on_device,
-            )
+            return params.validate(self.engine.capabilities.sampling, max_model_len=cap.max_model_len,
+                                   vocab_size=cap.vocab_size)
         except SamplingParamsError as exc:
             param = (names or {}).get(exc.param, exc.param)
             raise invalid(param, str(exc).replace(exc.param, param, 1)) from None
+
+    async def tokenize(self, encode: Callable[[], list[int]]) -> list[int]:
+        """Run a tokenization off the event loop (long prompts would stall every stream), one at a time."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, encode)
 
     def check_prompt(self, prompt_ids: list[int], params: SamplingParams, param: str, max_tokens_param: str) -> None:
         """Prompt limits: not empty, token ids in the vocabulary, <= max_context_length, fits max_model_len."""

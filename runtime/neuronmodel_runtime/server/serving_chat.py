@@ -49,7 +49,7 @@ class ChatServing:
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
             names=names,
         )
-        prompt_ids = self._prompt_ids(req.messages)
+        prompt_ids = await serving.tokenize(lambda: self._prompt_ids(req.messages))
         serving.check_prompt(prompt_ids, params, "messages", max_tokens_param)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         generation = serving.start(request_id, [prompt_ids], params, req.n)

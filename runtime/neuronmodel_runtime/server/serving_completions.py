@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from neuronmodel_runtime.engine.outputs import RequestOutput
 from neuronmodel_runtime.runners.base import TokenLogprob
+from neuronmodel_runtime.server.errors import invalid
 from neuronmodel_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from neuronmodel_runtime.server.serving import Generation, Serving, SSEStream
 
@@ -27,19 +28,22 @@ class CompletionServing:
         serving = self.serving
         serving.check_model(req.model)
         params = serving.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs)
-        prompts = self._prompt_ids(req.prompt)
+        if req.echo and req.logprobs is not None:
+            raise invalid("echo", "echo with logprobs needs prompt logprobs, which this server does not compute")
+        prompts = await serving.tokenize(lambda: self._prompt_ids(req.prompt))
         for i, ids in enumerate(prompts):
             serving.check_prompt(ids, params, "prompt" if len(prompts) == 1 else f"prompt[{i}]", "max_tokens")
+        echoed = await serving.tokenize(lambda: self._echoed(req.prompt, prompts)) if req.echo else None
         request_id = f"cmpl-{uuid.uuid4().hex}"
         generation = serving.start(request_id, prompts, params, req.n)
         template = CompletionResponse(id=request_id, model=serving.model_name, choices=[])
         if req.stream:
-            return SSEStream(self._stream(generation, template, req.include_usage), generation.close)
+            return SSEStream(self._stream(generation, template, req.include_usage, echoed, req.n), generation.close)
         results = await generation.collect(raw.receive)
         choices = [
             CompletionChoice(
                 index=r.index,
-                text=r.text,
+                text=(echoed[r.index // req.n] if echoed else "") + r.text,
                 logprobs=self._logprobs(r.token_ids, r.logprobs, 0) if req.logprobs is not None else None,
                 finish_reason=r.finish_reason,
                 stop_reason=r.stop_reason,
@@ -56,7 +60,15 @@ class CompletionServing:
             return [list(prompt)]
         return [list(self.tokenizer.encode(p)) if isinstance(p, str) else list(p) for p in prompt]
 
-    def _stream(self, generation: Generation, template: CompletionResponse, include_usage: bool) -> AsyncIterator[str]:
+    def _echoed(self, prompt: Union[str, list[str], list[int], list[list[int]]], ids: list[list[int]]) -> list[str]:
+        """The text `echo` returns per prompt: the prompt as sent, or the decoded token ids."""
+        texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]
+        if len(texts) == len(ids):
+            return texts
+        return [self.tokenizer.decode(p, skip_special_tokens=True) for p in ids]
+
+    def _stream(self, generation: Generation, template: CompletionResponse, include_usage: bool,
+                echoed: Optional[list[str]], n: int) -> AsyncIterator[str]:
         text_len: dict[int, int] = {}  # choice -> characters sent (logprobs' text_offset)
 
         def render(index: int, out: RequestOutput) -> str:
@@ -71,7 +83,12 @@ class CompletionServing:
             )
             return template.model_copy(update={"choices": [choice]}).model_dump_json()
 
-        return generation.events(render, template, include_usage)
+        prelude = []
+        if echoed:  # the prompt first, one chunk per choice (as vLLM streams echo)
+            for index in range(len(echoed) * n):
+                choice = CompletionChoice(index=index, text=echoed[index // n])
+                prelude.append(template.model_copy(update={"choices": [choice]}).model_dump_json())
+        return generation.events(render, template, include_usage, prelude=prelude)
 
     def _logprobs(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]], offset: int) -> dict[str, Any]:
         """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
+
+from neuronmodel_runtime.spec_decode.proposal import Proposal
+
 
 def propose_ngram(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[int]:
     """Up to k tokens that followed the latest earlier match of the last n tokens (n from n_max down to n_min).
@@ -26,3 +30,23 @@ def propose_ngram(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list
                 if follow:
                     return follow
     return []
+
+
+class NgramProposer:
+    """Prompt lookup as a `Proposer`: stateless, host-side, deterministic (q is one-hot)."""
+
+    def __init__(self, n_min: int, n_max: int):
+        self.n_min, self.n_max = n_min, n_max
+
+    def start(self, slot: int, prompt_ids: Sequence[int], first_token: int) -> None:
+        pass
+
+    def accept(self, slot: int, emitted: Sequence[int]) -> None:
+        pass
+
+    def release(self, slot: int) -> None:
+        pass
+
+    def propose(self, slots: Sequence[int], histories: Sequence[Sequence[int]], num_spec: Sequence[int],
+                params: torch.Tensor, generators: Sequence[torch.Generator]) -> Proposal:
+        return Proposal([propose_ngram(h, k, self.n_min, self.n_max) for h, k in zip(histories, num_spec)])

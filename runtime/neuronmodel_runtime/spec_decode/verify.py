@@ -9,6 +9,7 @@ Glossary:
         rejection. Greedy rows have one-hot p and q, so this is exactly "keep while equal to the target argmax".
     recovered: the token emitted at the first rejection, drawn from normalize(max(p - q, 0)).
     bonus: when all k_i drafts are accepted, one more token drawn from p at position k_i.
+Recovered and bonus tokens are drawn with `sampler.draw`, the one sampling primitive, over the target's candidates.
 Each step emits the accepted tokens plus one recovered or bonus token: 1..k_i+1 tokens, and the emitted
 sequence has exactly the target's distribution.
 """
@@ -19,14 +20,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from neuronmodel_runtime.sampling.sampler import target_probs
+from neuronmodel_runtime.sampling.sampler import draw, processed_logprobs
 from neuronmodel_runtime.sampling.tensors import TOP_K
-
-
-def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One draw from `probs` [V] by the exponential race (zero-probability tokens never win)."""
-    race = torch.empty(probs.shape, dtype=torch.float32, device=probs.device).exponential_(generator=generator)
-    return int(torch.argmax(probs / race.clamp_min(1e-30)))
 
 
 def verify(
@@ -40,12 +35,16 @@ def verify(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept or reject each row's draft tokens against the target.
 
+    p lives in the target's candidate space (the K tokens `sample` chooses among): p is zero outside it, so
+    the recovered distribution normalize((p - q)+) is too, and the recovered and bonus tokens are drawn with
+    `sampler.draw`, exactly as `sample` draws a plain decode's token.
+
     Args:
         target_logits: `[B, k+1, V]` target logits at the fed positions (last token, then the k drafts).
         draft_tokens: `[B, k]` int64 proposals; row i uses its first `num_drafts[i]`.
         num_drafts: per row, k_i in 0..k.
         params: `[B, 3]` sampling tensor (top_k, top_p, temperature).
-        generators: one per row; row i draws only from `generators[i]`.
+        generators: one per row, on the logits' device; row i draws only from `generators[i]`.
         global_top_k: candidates kept before the per-row filters.
         draft_probs: `[B, k, V]` the proposer's q; None means deterministic proposals (q one-hot).
 
@@ -64,30 +63,30 @@ def verify(
     sampled = [i for i in range(batch) if not greedy[i]]
     if not sampled:
         return tokens, num_emitted
-    rows = torch.tensor(sampled, device=target_logits.device)
+    device = target_logits.device
+    rows = torch.tensor(sampled, device=device)
     flat_params = params[sampled].repeat_interleave(width, dim=0)  # [S*(k+1), 3]
-    p_all = target_probs(target_logits[rows].reshape(len(sampled) * width, vocab), flat_params, global_top_k)
-    p_all = p_all.view(len(sampled), width, vocab)  # [S, k+1, V]
+    ids, logp = processed_logprobs(target_logits[rows].reshape(len(sampled) * width, vocab), flat_params,
+                                   global_top_k)
+    ids, p_all = ids.view(len(sampled), width, -1), logp.exp().view(len(sampled), width, -1)  # [S, k+1, K]
     for r, i in enumerate(sampled):
         k_i, gen = num_drafts[i], generators[i]
         drafts = draft_tokens[i, :k_i].tolist()
-        uniforms = torch.rand(k_i, generator=gen, device=p_all.device).tolist() if k_i else []
+        uniforms = torch.rand(k_i, generator=gen, device=device).tolist() if k_i else []
         emitted: list[int] = []
         for j, x in enumerate(drafts):
-            p = p_all[r, j]  # [V]
+            p, cand = p_all[r, j], ids[r, j]  # [K] each
+            p_x = float(p[cand == x].sum())  # 0 when x is not a candidate
             q_x = 1.0 if draft_probs is None else float(draft_probs[i, j, x])
-            if uniforms[j] * q_x < float(p[x]):
+            if uniforms[j] * q_x < p_x:  # accept with probability min(1, p(x) / q(x))
                 emitted.append(x)
                 continue
-            if draft_probs is None:
-                residual = p.clone()
-                residual[x] = 0.0
-            else:
-                residual = (p - draft_probs[i, j]).clamp_min(0.0)
-            emitted.append(_draw(residual if float(residual.sum()) > 0 else p, gen))  # recovered
+            q = (cand == x).float() if draft_probs is None else draft_probs[i, j, cand].float()  # [K]
+            residual = (p - q).clamp_min(0.0)  # draw() normalises
+            emitted.append(int(draw(cand[None], (residual if float(residual.sum()) > 0 else p)[None], [gen])[0]))
             break
         else:
-            emitted.append(_draw(p_all[r, k_i], gen))  # bonus
+            emitted.append(int(draw(ids[r, k_i][None], p_all[r, k_i][None], [gen])[0]))  # bonus
         tokens[i, : len(emitted)] = torch.tensor(emitted)
         num_emitted[i] = len(emitted)
     return tokens, num_emitted

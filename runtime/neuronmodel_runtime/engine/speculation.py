@@ -1,0 +1,154 @@
+"""Speculative decode steps, composed from `spec_decode`'s pieces around what the runner declares.
+
+Two ways a runner speculates (`RunnerCapabilities`), one engine path:
+
+- scored (the reference runner): propose on the host (prompt lookup, or the runner's draft model through
+  `DraftProposer`) -> `runner.score()` the k+1 positions -> `spec_decode.verify` on the runner's per-slot
+  generators -> NxDI's fused shape (tokens padded, next positions) -> per-row tokens;
+- fused (NxDI): `runner.decode()` with `num_spec_tokens` proposes and verifies on the device and returns the
+  per-row tokens it unpadded from the same fused shape.
+
+Rows that do not speculate this step (logprobs, logits processors, no proposal, the last k positions of a
+fixed-k runner's KV line) decode in a plain `runner.decode()` of their own, so the tokens a row gets never depend
+on whether another row speculates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from neuronmodel_runtime.config import ConfigError, SpeculationConfig
+from neuronmodel_runtime.runners.base import DecodeBatch, ModelRunner, RunnerCapabilities, ScoreBatch, StepOutput
+from neuronmodel_runtime.sampling.tensors import sampling_tensor
+from neuronmodel_runtime.spec_decode.draft import DraftProposer
+from neuronmodel_runtime.spec_decode.ngram import NgramProposer
+from neuronmodel_runtime.spec_decode.proposal import Proposer
+from neuronmodel_runtime.spec_decode.verify import unpad_fused, verify
+
+
+@dataclass
+class Speculation:
+    """How this process speculates: k, and a proposer (scored) or none (fused on the device)."""
+
+    k: int  # num_speculative_tokens: drafts per step at most
+    proposer: Optional[Proposer]  # scored speculation; None = the runner's fused speculation
+    per_row_length: bool  # False: a row speculates exactly k tokens or none (compiled for one k)
+
+
+def build_speculation(config: SpeculationConfig, runner: ModelRunner) -> Optional[Speculation]:
+    """The speculation the config asks for, as the loaded runner can serve it, or None for mode "none".
+
+    Raises:
+        ConfigError: the runner cannot serve that mode (named, with the fix).
+    """
+    if config.mode == "none":
+        return None
+    caps: RunnerCapabilities = runner.capabilities()
+    name = caps.sampling.runner
+    if config.mode in caps.fused_speculation:
+        return Speculation(config.num_speculative_tokens, None, caps.per_row_speculation_length)
+    if config.mode == "promptLookup" and caps.host_drafts:
+        proposer: Proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    elif config.mode == "draft" and caps.host_drafts:
+        proposer = DraftProposer(runner.draft_model(), caps.sampling.max_top_k)
+    else:
+        served = sorted({*caps.fused_speculation, *(("draft", "promptLookup") if caps.host_drafts else ())})
+        raise ConfigError(
+            f"speculation.mode: the {name} runner cannot speculate with {config.mode!r} "
+            f"(it serves: {', '.join(served) or 'none'}); change speculation.mode or framework"
+        )
+    return Speculation(config.num_speculative_tokens, proposer, caps.per_row_speculation_length)
+
+
+def speculative_decode(runner: ModelRunner, spec: Speculation, batch: DecodeBatch, budgets: Sequence[int],
+                       histories: Sequence[Sequence[int]], global_top_k: int) -> StepOutput:
+    """One decode step in which rows with a budget > 0 may speculate; rows in batch order.
+
+    Args:
+        batch: the plain decode batch of every row (no num_spec_tokens).
+        budgets: per row, most drafts worth proposing (0 = this row does not speculate).
+        histories: per row, prompt + output tokens (the last one is batch.last_tokens[i]).
+    """
+    rows = range(len(batch.slots))
+    if spec.proposer is None:  # fused on the device
+        spec_rows = [i for i in rows if budgets[i] > 0]
+        if spec.per_row_length:
+            return runner.decode(_subset(batch, rows, [budgets[i] for i in rows]))
+        drafts: dict[int, list[int]] = {}
+        probs: Optional[dict[int, torch.Tensor]] = None
+    else:
+        wanting = [i for i in rows if budgets[i] > 0]
+        drafts, probs = _propose(runner, spec.proposer, batch, wanting, budgets, histories, global_top_k)
+        spec_rows = [i for i in wanting if drafts[i]]
+    plain_rows = [i for i in rows if i not in set(spec_rows)]
+    token_ids: list[list[int]] = [[] for _ in rows]
+    num_drafts = [0] * len(batch.slots)
+    logprobs: Optional[list] = None
+    if plain_rows:
+        plain = runner.decode(_subset(batch, plain_rows))
+        for j, i in enumerate(plain_rows):
+            token_ids[i] = plain.token_ids[j]
+        if plain.logprobs is not None:
+            logprobs = [None] * len(batch.slots)
+            for j, i in enumerate(plain_rows):
+                logprobs[i] = plain.logprobs[j]
+    if spec_rows:
+        if spec.proposer is None:
+            out = runner.decode(_subset(batch, spec_rows, [spec.k] * len(spec_rows)))
+            emitted = out.token_ids
+        else:
+            emitted = _verify(runner, batch, spec_rows, drafts, probs, global_top_k)
+        for j, i in enumerate(spec_rows):
+            token_ids[i] = emitted[j]
+            num_drafts[i] = spec.k if spec.proposer is None else len(drafts[i])
+    return StepOutput(token_ids=token_ids, logprobs=logprobs, num_draft_tokens=num_drafts)
+
+
+def _subset(batch: DecodeBatch, rows: Sequence[int], num_spec: Sequence[int] = ()) -> DecodeBatch:
+    return DecodeBatch(
+        slots=[batch.slots[i] for i in rows],
+        last_tokens=[batch.last_tokens[i] for i in rows],
+        positions=[batch.positions[i] for i in rows],
+        sampling=[batch.sampling[i] for i in rows],
+        num_spec_tokens=list(num_spec),
+        num_logprobs=[batch.num_logprobs[i] for i in rows] if batch.num_logprobs else [],
+    )
+
+
+def _propose(runner: ModelRunner, proposer: Proposer, batch: DecodeBatch, rows: list[int], budgets: Sequence[int],
+             histories: Sequence[Sequence[int]], global_top_k: int
+             ) -> tuple[dict[int, list[int]], Optional[dict[int, torch.Tensor]]]:
+    """Row -> its proposed tokens (maybe none), and row -> their draft distributions `[k, V]` (None: deterministic)."""
+    if not rows:
+        return {}, None
+    slots = [batch.slots[i] for i in rows]
+    params = sampling_tensor([batch.sampling[i] for i in rows], global_top_k)
+    proposal = proposer.propose(slots, [histories[i] for i in rows], [budgets[i] for i in rows], params,
+                                runner.slot_generators(slots))
+    probs = None if proposal.probs is None else dict(zip(rows, proposal.probs))
+    return dict(zip(rows, proposal.tokens)), probs
+
+
+def _verify(runner: ModelRunner, batch: DecodeBatch, rows: list[int], drafts: dict[int, list[int]],
+            probs: Optional[dict[int, torch.Tensor]], global_top_k: int) -> list[list[int]]:
+    """Score the proposed rows and verify them exactly; per-row emitted tokens (1..k_i+1 each)."""
+    slots = [batch.slots[i] for i in rows]
+    positions = [batch.positions[i] for i in rows]
+    proposed = [drafts[i] for i in rows]
+    logits = runner.score(ScoreBatch(slots, [batch.last_tokens[i] for i in rows], positions, proposed))
+    width = max(len(d) for d in proposed)
+    draft_tokens = torch.zeros(len(rows), width, dtype=torch.int64)  # [S, k], zero-padded
+    for j, d in enumerate(proposed):
+        draft_tokens[j, : len(d)] = torch.tensor(d, dtype=torch.int64)
+    q = None if probs is None else torch.stack([probs[i][:width] for i in rows]).to(logits.device)  # [S, k, V]
+    params = sampling_tensor([batch.sampling[i] for i in rows], global_top_k)
+    tokens, emitted = verify(logits, draft_tokens, [len(d) for d in proposed], params,
+                             runner.slot_generators(slots), global_top_k, q)
+    next_positions = torch.tensor(positions)[:, None] + emitted[:, None]  # [S, 1]: NxDI's fused output
+    return unpad_fused(tokens, positions, next_positions)
+
+
+__all__ = ["Speculation", "build_speculation", "speculative_decode"]
