@@ -170,3 +170,31 @@ async def test_one_pathological_row_never_fails_the_normal_rows():
         assert replies[0].status_code == 400
         for r, b in zip(replies[3:], good):
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == b["prompt"][:8]
+
+
+async def test_generation_config_defaults_apply_when_a_request_omits_them(tmp_path):
+    """vLLM's default: generation_config.json's temperature / top_p / top_k / repetition_penalty fill omitted fields."""
+    import httpx
+
+    from fakes import ChatByteTokenizer, EchoRunner, MODEL
+    from fakes_runner import EOS
+    from neuronmodel_runtime.engine.async_engine import AsyncEngine
+    from neuronmodel_runtime.engine.engine import Engine
+    from neuronmodel_runtime.sampling.defaults import generation_defaults
+    from neuronmodel_runtime.server.app import create_app
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.0, "top_p": 0.9, "top_k": 20, "eos_token_id": 2, "min_p": 0.1}))
+    defaults = generation_defaults(tmp_path)
+    assert defaults == {"temperature": 0.0, "top_p": 0.9, "top_k": 20}  # min_p is not implemented: ignored
+    config = make_config()
+    engine = Engine(EchoRunner(), ChatByteTokenizer(), {EOS}, 64, sampling_defaults=defaults)
+    app = create_app(AsyncEngine(engine, tokenizer=ChatByteTokenizer(), model_name=MODEL, max_queue=8), config)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            r = await client.post(C, json={"prompt": "same"})  # temperature omitted: the default 0 (greedy)
+            assert r.json()["choices"][0]["text"] == "same"
+            r = await client.post(C, json={"prompt": "same", "temperature": 1.0, "seed": 1, "max_tokens": 4})
+            assert r.json()["choices"][0]["text"] != "same"  # explicit wins: sampled letters
+            r = await client.post(C, json={"prompt": "x", "top_k": 300})
+            assert r.status_code == 400  # a default never hides the request's own bad value

@@ -299,5 +299,36 @@ def test_cli_server_on_a_real_model(tmp_path, model, drain_tokens):
         with pytest.raises(openai.BadRequestError, match="max_context_length"):
             client.completions.create(model="served", prompt=list(range(1, max_model_len)), max_tokens=1)
 
+        assert_extreme_rows_never_fail_normal_rows(url, prompt)
+
         body = {"prompt": prompt, "max_tokens": drain_tokens, "temperature": 1, "ignore_eos": True}
         assert_sigterm_drains(proc, url, body)
+
+
+def assert_extreme_rows_never_fail_normal_rows(url: str, prompt: str) -> None:
+    """Hostile and extreme-but-valid rows, sent together with normal rows into the same batches: each hostile one
+    is a 400 naming its field, each extreme one a 200, and every normal row gets exactly its greedy output."""
+    base = {"prompt": prompt, "max_tokens": 8}
+    expected = httpx.post(f"{url}/v1/completions", json={**base, "temperature": 0}, timeout=60).json()
+    hostile = [({"temperature": 1e39}, "temperature"), ({"repetition_penalty": 1e-30}, "repetition_penalty"),
+               ({"logit_bias": {"1": 1e39}}, "logit_bias"), ({"stop_token_ids": [10**9]}, "stop_token_ids")]
+    vocab = [1, 2, 3, 50, 60, 70]
+    extreme = [{"temperature": 1e-45}, {"top_p": 1e-50, "seed": 1}, {"temperature": 1e-4, "top_k": 5, "seed": 2},
+               {"temperature": 3e38, "seed": 3}, {"repetition_penalty": 1e-5, "presence_penalty": 2,
+                                                  "frequency_penalty": -2, "seed": 4},
+               {"logit_bias": {str(t): 100 for t in vocab}, "min_tokens": 8, "seed": 5},
+               {"logit_bias": {str(t): -100 for t in vocab}, "temperature": 0}]
+    bodies = [{**base, **b} for b, _ in hostile] + [{**base, **b} for b in extreme] + [{**base, "temperature": 0}] * 4
+    results: dict = {}
+    threads = [_post_in_background(url, body, results, i) for i, body in enumerate(bodies)]
+    for thread in threads:
+        thread.join(timeout=120)
+    for i, (_, field) in enumerate(hostile):
+        status, text = results[i]
+        assert status == 400 and json.loads(text)["error"]["param"] == field, text
+    for i in range(len(hostile), len(hostile) + len(extreme)):
+        status, text = results[i]
+        assert status == 200, (bodies[i], text)
+    for i in range(len(hostile) + len(extreme), len(bodies)):
+        status, text = results[i]
+        assert status == 200 and json.loads(text)["choices"][0]["text"] == expected["choices"][0]["text"], text

@@ -25,8 +25,8 @@ import torch
 from neuronmodel_runtime.sampling.tensors import TEMPERATURE, TOP_K, TOP_P
 
 
-def _greedy_rows(params: torch.Tensor) -> list[bool]:
-    """Per row: True when top_k == 1 (read on the host: params are small and usually there already)."""
+def greedy_rows(params: torch.Tensor) -> list[bool]:
+    """The one greedy rule: per row, True when top_k == 1 (read on the host: params are small)."""
     return (params[:, TOP_K].cpu() == 1).tolist()
 
 
@@ -79,7 +79,7 @@ def target_probs(logits: torch.Tensor, params: torch.Tensor, global_top_k: int) 
     candidate_ids, candidate_logprobs = processed_logprobs(logits, params, global_top_k)
     probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)  # [B, V]
     probs.scatter_(1, candidate_ids, candidate_logprobs.exp())
-    greedy = torch.tensor(_greedy_rows(params), device=logits.device)  # [B]
+    greedy = torch.tensor(greedy_rows(params), device=logits.device)  # [B]
     if bool(greedy.any()):
         one_hot = torch.zeros_like(probs).scatter_(1, torch.argmax(logits, dim=-1, keepdim=True), 1.0)
         probs = torch.where(greedy[:, None], one_hot, probs)
@@ -124,7 +124,7 @@ def sample(
         `[B]` int64 token ids on the logits' device.
     """
     tokens = torch.argmax(logits, dim=-1)  # [B]
-    sampled = [i for i, greedy in enumerate(_greedy_rows(params)) if not greedy]
+    sampled = [i for i, greedy in enumerate(greedy_rows(params)) if not greedy]
     if not sampled:
         return tokens
     index = torch.tensor(sampled, device=logits.device)  # [S]
@@ -133,4 +133,4 @@ def sample(
     return tokens
 
 
-__all__ = ["draw", "processed_logprobs", "sample", "target_probs"]
+__all__ = ["draw", "greedy_rows", "processed_logprobs", "sample", "target_probs"]

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Optional, Union
 from starlette.requests import Request
 
 from neuronmodel_runtime.engine.outputs import RequestOutput
-from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids
+from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids, token_bytes, token_text
 from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.errors import invalid
 from neuronmodel_runtime.server.protocol import (
@@ -100,8 +100,8 @@ class ChatServing:
         """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
 
         def entry(token_id: int, logprob: float) -> dict[str, Any]:
-            token = self.tokenizer.decode([token_id])
-            return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+            raw = list(token_bytes(self.tokenizer, token_id))  # raw bytes, also for part of a character
+            return {"token": token_text(self.tokenizer, token_id), "logprob": logprob, "bytes": raw}
 
         content = []
         for token_id, lp in zip(token_ids, logprobs or []):

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Optional, Union
 from starlette.requests import Request
 
 from neuronmodel_runtime.engine.outputs import RequestOutput
+from neuronmodel_runtime.engine.tokenizer import token_text
 from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.errors import invalid
 from neuronmodel_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
@@ -92,7 +93,7 @@ class CompletionServing:
 
     def _logprobs(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]], offset: int) -> dict[str, Any]:
         """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
-        tokens = [self.tokenizer.decode([t]) for t in token_ids]
+        tokens = [token_text(self.tokenizer, t) for t in token_ids]
         offsets = []
         for token in tokens:
             offsets.append(offset)
@@ -100,6 +101,6 @@ class CompletionServing:
         return {
             "tokens": tokens,
             "token_logprobs": [lp.logprob for lp in logprobs or []],
-            "top_logprobs": [{self.tokenizer.decode([t]): v for t, v in lp.top.items()} for lp in logprobs or []],
+            "top_logprobs": [{token_text(self.tokenizer, t): v for t, v in lp.top.items()} for lp in logprobs or []],
             "text_offset": offsets,
         }

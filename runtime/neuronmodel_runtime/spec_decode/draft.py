@@ -13,8 +13,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from neuronmodel_runtime.sampling.sampler import sample, target_probs
-from neuronmodel_runtime.sampling.tensors import TOP_K
+from neuronmodel_runtime.sampling.sampler import greedy_rows, sample, target_probs
 from neuronmodel_runtime.spec_decode.proposal import Proposal
 
 
@@ -75,7 +74,7 @@ class DraftProposer:
         width, vocab = max(num_spec), self.model.vocab_size
         device = generators[0].device  # where this runner samples (the host, with sampling.on_device false)
         draft_tokens = torch.zeros(len(slots), width, dtype=torch.int64)  # [B, k]
-        sampled = set(i for i, top_k in enumerate(params[:, TOP_K].tolist()) if top_k != 1)
+        sampled = set(i for i, greedy in enumerate(greedy_rows(params)) if not greedy)
         draft_probs = torch.zeros(len(slots), width, vocab, dtype=torch.float32, device=device) if sampled else None
         logits = self._catch_up(slots).to(device)  # [B, V] at each row's newest token
         rows = list(range(len(slots)))

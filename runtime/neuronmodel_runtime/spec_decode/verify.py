@@ -20,8 +20,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from neuronmodel_runtime.sampling.sampler import draw, processed_logprobs
-from neuronmodel_runtime.sampling.tensors import TOP_K
+from neuronmodel_runtime.sampling.sampler import draw, greedy_rows, processed_logprobs
 
 
 def verify(
@@ -55,11 +54,11 @@ def verify(
     batch, width, vocab = target_logits.shape
     tokens = torch.zeros(batch, width, dtype=torch.int64)
     num_emitted = torch.zeros(batch, dtype=torch.int64)
-    greedy = (params[:, TOP_K].cpu() == 1).tolist()
-    greedy_rows = [i for i in range(batch) if greedy[i]]
-    if greedy_rows:
-        _verify_greedy(target_logits[greedy_rows], draft_tokens[greedy_rows], [num_drafts[i] for i in greedy_rows],
-                       tokens, num_emitted, greedy_rows)
+    greedy = greedy_rows(params)
+    by_argmax = [i for i in range(batch) if greedy[i]]
+    if by_argmax:
+        _verify_greedy(target_logits[by_argmax], draft_tokens[by_argmax], [num_drafts[i] for i in by_argmax],
+                       tokens, num_emitted, by_argmax)
     sampled = [i for i in range(batch) if not greedy[i]]
     if not sampled:
         return tokens, num_emitted
