@@ -8,6 +8,7 @@ Figures (one JSON line each):
   ttft_overhead_ms_p50         server time-to-first-token minus the runner's own prefill time, medians, idle server,
                                on the committed tiny model (its ~2 ms prefill keeps run-to-run noise below the
                                overhead being measured; the overhead does not depend on the model)
+  penalised_row_step_cost      decode step time with one row (of the batch) carrying penalties and logit_bias / none
   ods_over_host_sampling       decode step time with full logits returned and sampled on the host / with on-device
                                sampling, batch 16
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from dataclasses import replace
 
 import httpx
 import torch
@@ -71,17 +73,26 @@ def runner_generate(runner: TorchReferenceRunner, batch_prompts: list[list[int]]
     return elapsed
 
 
-def decode_step_time(runner: TorchReferenceRunner, batch_prompts: list[list[int]], steps: int) -> float:
+def decode_step_time(runner: TorchReferenceRunner, batch_prompts: list[list[int]], steps: int,
+                     penalised: int = 0) -> float:
+    """Median decode step of the batch; the first `penalised` rows carry every penalty and a logit_bias."""
     slots = list(range(len(batch_prompts)))
-    rows = [GREEDY] * len(slots)
+    outputs: list[list[int]] = [[] for _ in slots]
+    rows = [replace(GREEDY, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2,
+                    logit_bias=((5, 2.0), (7, -2.0)), prompt_ids=batch_prompts[i], output_ids=outputs[i])
+            if i < penalised else GREEDY for i in slots]
     out = runner.prefill(PrefillBatch(slots, batch_prompts, rows))
     last, positions = [t[0] for t in out.token_ids], [len(p) for p in batch_prompts]
     times = []
     for _ in range(steps):
+        for history, token in zip(outputs, last):
+            history.append(token)
         started = time.perf_counter()
         out = runner.decode(DecodeBatch(slots, last, positions, rows))
         times.append(time.perf_counter() - started)
         last, positions = [t[0] for t in out.token_ids], [p + 1 for p in positions]
+    for slot in slots:
+        runner.release(slot)
     return p50(times)
 
 
@@ -165,6 +176,8 @@ def main() -> None:
             server_runs.append(asyncio.run(server_concurrent(url, name, work, args.tokens)))
             client_cpu.append(time.process_time() - cpu)
         ods_step = decode_step_time(runner, work, 32)
+        penalty_steps = [(decode_step_time(runner, work, 32), decode_step_time(runner, work, 32, penalised=1))
+                         for _ in range(args.repeats)]  # alternated, like the runs above
         del runner
     raw_tps = args.batch * args.tokens / p50(raw_runs)
     server_s, server_tokens = sorted(server_runs)[len(server_runs) // 2]  # the median run
@@ -184,6 +197,9 @@ def main() -> None:
            server_ttft_ms_p50=round(server_ttft * 1000, 2), runner_prefill_ms_p50=round(runner_prefill * 1000, 2))
     figure("ods_over_host_sampling", host_step / ods_step, ">= 1", ods_step_ms=round(ods_step * 1000, 2),
            host_step_ms=round(host_step * 1000, 2), batch=args.batch)
+    plain_step, penalised_step = p50([a for a, _ in penalty_steps]), p50([b for _, b in penalty_steps])
+    figure("penalised_row_step_cost", penalised_step / plain_step, "<= 1.1", plain_step_ms=round(plain_step * 1000, 2),
+           penalised_step_ms=round(penalised_step * 1000, 2), batch=args.batch, penalised_rows=1)
 
 
 if __name__ == "__main__":

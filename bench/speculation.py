@@ -25,9 +25,9 @@ from typing import Optional
 import torch
 from _harness import TINY_DRAFT, TINY_TARGET, figure, p50, sync
 
-from neuronmodel_runtime.cli import prompt_lookup_proposer
 from neuronmodel_runtime.config import RuntimeConfig, default_model_path
 from neuronmodel_runtime.engine.engine import Engine
+from neuronmodel_runtime.engine.speculation import build_speculation
 from neuronmodel_runtime.engine.outputs import EngineStats
 from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids, eos_token_ids, load_tokenizer
 from neuronmodel_runtime.runners.torch_reference import TorchReferenceRunner
@@ -56,7 +56,7 @@ def make_runner(model: Path, spec: Optional[dict]) -> TorchReferenceRunner:
 def run(model: Path, spec: Optional[dict], prompts: list[list[int]], tokens: int, eos: set[int], ignore_eos: bool):
     """Decode every prompt alone; returns ((end-to-end s, decode-phase s), engine stats, outputs)."""
     runner, config = make_runner(model, spec)
-    engine = Engine(runner, load_tokenizer(model), eos, 4096, proposer=prompt_lookup_proposer(config))
+    engine = Engine(runner, load_tokenizer(model), eos, 4096, speculation=build_speculation(config.speculation, runner))
     outputs: dict[str, list[int]] = {}
     decode_s: list[float] = []  # per measured request: first token to finish (the phase speculation speeds up)
 

@@ -28,6 +28,10 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
+    def decode_single_token_bytes(self, token_id: int) -> bytes:
+        """A token's raw bytes (tiktoken's name, which engine.tokenizer.token_bytes uses)."""
+        return bytes([token_id]) if token_id < 256 else b""
+
 
 class ScriptedRunner(ModelRunner):
     """Next token of a slot = script(prompt_ids, output_so_far); records every call for assertions."""

@@ -85,7 +85,8 @@ class StopStringMatcher:
     """Finds stop strings in generated text and decides how much text is safe to emit."""
 
     stops: tuple[str, ...]
-    text: str = ""  # all generated text so far (up to and excluding a matched stop string)
+    include_stop: bool = False  # a matched stop string stays in the text (include_stop_str_in_output)
+    text: str = ""  # all generated text so far (up to a matched stop string, included only with include_stop)
     emitted: int = 0  # characters of `text` already handed out
     _hold: int = field(init=False)
 
@@ -105,7 +106,7 @@ class StopStringMatcher:
                 best = (idx, stop)
         if best is None:
             return None
-        self.text = self.text[: best[0]]
+        self.text = self.text[: best[0] + (len(best[1]) if self.include_stop else 0)]
         return best[1]
 
     def take(self, final: bool) -> str:
