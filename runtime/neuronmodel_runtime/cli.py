@@ -90,16 +90,6 @@ def model_path_of(config: RuntimeConfig) -> Path:
     return path
 
 
-def prompt_lookup_proposer(config: RuntimeConfig) -> Optional[Callable[[list[int], int], list[int]]]:
-    """The engine's host-side proposer when speculation.mode is promptLookup, else None."""
-    spec = config.speculation
-    if spec.mode != "promptLookup":
-        return None
-    from neuronmodel_runtime.spec_decode.ngram import propose_ngram
-
-    return functools.partial(propose_ngram, n_min=spec.prompt_lookup_min, n_max=spec.prompt_lookup_max)
-
-
 def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
     """Select the framework, load the runner and tokenizer, and return a ready-to-start AsyncEngine.
 
@@ -108,8 +98,10 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
     """
     from neuronmodel_runtime.engine.async_engine import AsyncEngine
     from neuronmodel_runtime.engine.engine import Engine
+    from neuronmodel_runtime.engine.speculation import build_speculation
     from neuronmodel_runtime.engine.tokenizer import eos_token_ids, load_tokenizer
     from neuronmodel_runtime.runners.registry import create_runner
+    from neuronmodel_runtime.sampling.defaults import generation_defaults
 
     detection = detect_frameworks()
     selection = select_framework(config.framework, detection)
@@ -129,14 +121,16 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
         eos_token_ids(path, tokenizer),
         config.max_num_batched_tokens,
         config.server.request_timeout_s,
-        proposer=prompt_lookup_proposer(config),
+        speculation=build_speculation(config.speculation, runner),
+        sampling_defaults=generation_defaults(path),
     )
     return AsyncEngine(
         engine,
         tokenizer=tokenizer,
         model_name=config.server.served_model_name or path.name,
         max_queue=config.server.max_queue,
-        info={"framework": report(config.framework, detection), "speculation": config.speculation.model_dump()},
+        info={"framework": report(config.framework, detection), "speculation": config.speculation.model_dump(),
+              "capabilities": runner.capabilities().info()},
         own_thread=own_thread,
     )
 
