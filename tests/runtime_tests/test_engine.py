@@ -203,3 +203,12 @@ def test_fixed_k_runner_never_writes_past_its_kv_line():
     res = run_all(engine, [("a", "abcd", SamplingParams())])["a"]
     assert res == plain["a"] and len(res[1]) == 8 and res[2] == FINISH_LENGTH
     assert [ks for ks in runner.spec_calls] == [[4], [], []]  # 5 -> 10 tokens, then 2 plain steps to 12
+
+
+def test_a_speculation_mode_the_runner_cannot_serve_fails_at_startup():
+    """Prompt lookup needs a runner that scores host drafts; a fused-only runner is refused with a clear error."""
+    from neuronmodel_runtime.config import ConfigError
+
+    runner = ScriptedRunner(text_script("abc"), spec_k=2)
+    with pytest.raises(ConfigError, match="scripted runner cannot speculate with 'promptLookup'.*serves: draft"):
+        build_speculation(SpeculationConfig(mode="promptLookup", num_speculative_tokens=2), runner)

@@ -198,3 +198,34 @@ async def test_generation_config_defaults_apply_when_a_request_omits_them(tmp_pa
             assert r.json()["choices"][0]["text"] != "same"  # explicit wins: sampled letters
             r = await client.post(C, json={"prompt": "x", "top_k": 300})
             assert r.status_code == 400  # a default never hides the request's own bad value
+
+
+async def test_tokenization_runs_off_the_event_loop():
+    """A prompt whose tokenization blocks must not stall the server: /health answers meanwhile (on the event loop
+    this would deadlock: the blocked encode would hold the loop the health check needs)."""
+    import asyncio
+    import threading
+
+    from fakes import ChatByteTokenizer
+
+    release = threading.Event()
+    original = ChatByteTokenizer.encode
+
+    def slow_encode(self, text, add_special_tokens=True):
+        if "SLOW" in text:
+            assert release.wait(10), "never released"
+        return original(self, text, add_special_tokens)
+
+    ChatByteTokenizer.encode = slow_encode
+    try:
+        async with asgi_client() as (client, _):
+            slow = asyncio.ensure_future(client.post(CHAT, json={"messages": [{"role": "user", "content": "SLOW"}],
+                                                                  "temperature": 0, "max_tokens": 2}))
+            await asyncio.sleep(0.05)
+            health = await asyncio.wait_for(client.get("/health"), 5)
+            assert health.status_code == 200 and not slow.done()
+            release.set()
+            assert (await slow).status_code == 200
+    finally:
+        ChatByteTokenizer.encode = original
+        release.set()
