@@ -1,12 +1,14 @@
 """The on-device sampler: vectorized over rows, one `torch.Generator` per row, on the logits' device.
 
+Its input is the logits after the logits processors (`processors.py`: min_tokens mask, logit_bias, penalties).
+
 Glossary:
     candidates: the `K = min(global_top_k, V)` highest logits of a row (NxDI's `max_topk` optimisation); every
         per-row filter works inside them, so a token outside the global top-k is never sampled.
     processing: in NxDI's order, temperature (divide the candidates' logits), per-row top-k (keep the k best),
         top-p (keep the smallest prefix of the sorted candidates whose probability mass reaches top_p; the top
         candidate is always kept), then renormalise; a dropped candidate gets logprob -inf.
-    greedy row: top_k == 1; its token is the exact argmax of the raw logits (ties go to the lowest id, as
+    greedy row: top_k == 1; its token is the exact argmax of the (processed) logits (ties go to the lowest id, as
         `torch.argmax`), never a draw.
     sampled row: any other row; its token is drawn with the row's own generator by `draw`, the one sampling
         primitive (speculative verification draws its recovered and bonus tokens with it too), over the row's
