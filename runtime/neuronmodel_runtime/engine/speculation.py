@@ -73,37 +73,41 @@ def speculative_decode(runner: ModelRunner, spec: Speculation, batch: DecodeBatc
         histories: per row, prompt + output tokens (the last one is batch.last_tokens[i]).
     """
     rows = range(len(batch.slots))
-    if spec.proposer is None:  # fused on the device
-        spec_rows = [i for i in rows if budgets[i] > 0]
-        if spec.per_row_length:
-            return runner.decode(_subset(batch, rows, [budgets[i] for i in rows]))
-        drafts: dict[int, list[int]] = {}
-        probs: Optional[dict[int, torch.Tensor]] = None
-    else:
-        wanting = [i for i in rows if budgets[i] > 0]
-        drafts, probs = _propose(runner, spec.proposer, batch, wanting, budgets, histories, global_top_k)
-        spec_rows = [i for i in wanting if drafts[i]]
+    if spec.proposer is None and spec.per_row_length:  # fused, any k per row: one runner call does it all
+        return runner.decode(_subset(batch, rows, budgets))
+    spec_rows, emitted, drafted = _speculate(runner, spec, batch, budgets, histories, global_top_k)
     plain_rows = [i for i in rows if i not in set(spec_rows)]
-    token_ids: list[list[int]] = [[] for _ in rows]
-    num_drafts = [0] * len(batch.slots)
-    logprobs: Optional[list] = None
-    if plain_rows:
-        plain = runner.decode(_subset(batch, plain_rows))
-        for j, i in enumerate(plain_rows):
-            token_ids[i] = plain.token_ids[j]
-        if plain.logprobs is not None:
-            logprobs = [None] * len(batch.slots)
-            for j, i in enumerate(plain_rows):
-                logprobs[i] = plain.logprobs[j]
-    if spec_rows:
-        if spec.proposer is None:
-            out = runner.decode(_subset(batch, spec_rows, [spec.k] * len(spec_rows)))
-            emitted = out.token_ids
-        else:
-            emitted = _verify(runner, batch, spec_rows, drafts, probs, global_top_k)
-        for j, i in enumerate(spec_rows):
-            token_ids[i] = emitted[j]
-            num_drafts[i] = spec.k if spec.proposer is None else len(drafts[i])
+    plain = runner.decode(_subset(batch, plain_rows)) if plain_rows else StepOutput([])
+    return _merge(len(rows), plain_rows, plain, spec_rows, emitted, drafted)
+
+
+def _speculate(runner: ModelRunner, spec: Speculation, batch: DecodeBatch, budgets: Sequence[int],
+               histories: Sequence[Sequence[int]], global_top_k: int
+               ) -> tuple[list[int], list[list[int]], list[int]]:
+    """The rows that speculate, their emitted tokens (1..k_i+1 each) and their draft counts."""
+    wanting = [i for i in range(len(batch.slots)) if budgets[i] > 0]
+    if spec.proposer is None:  # fused, compiled for one k: every speculating row proposes exactly k
+        out = runner.decode(_subset(batch, wanting, [spec.k] * len(wanting))) if wanting else StepOutput([])
+        return wanting, out.token_ids, [spec.k] * len(wanting)
+    drafts, probs = _propose(runner, spec.proposer, batch, wanting, budgets, histories, global_top_k)
+    spec_rows = [i for i in wanting if drafts[i]]  # prompt lookup may find nothing to propose
+    if not spec_rows:
+        return [], [], []
+    return spec_rows, _verify(runner, batch, spec_rows, drafts, probs, global_top_k), [len(drafts[i]) for i in spec_rows]
+
+
+def _merge(size: int, plain_rows: list[int], plain: StepOutput, spec_rows: list[int], emitted: list[list[int]],
+           drafted: list[int]) -> StepOutput:
+    """One StepOutput in batch order from the plain and the speculative runner calls."""
+    token_ids: list[list[int]] = [[] for _ in range(size)]
+    num_drafts = [0] * size
+    logprobs: Optional[list] = None if plain.logprobs is None else [None] * size
+    for j, i in enumerate(plain_rows):
+        token_ids[i] = plain.token_ids[j]
+        if logprobs is not None:
+            logprobs[i] = plain.logprobs[j]
+    for j, i in enumerate(spec_rows):
+        token_ids[i], num_drafts[i] = emitted[j], drafted[j]
     return StepOutput(token_ids=token_ids, logprobs=logprobs, num_draft_tokens=num_drafts)
 
 
