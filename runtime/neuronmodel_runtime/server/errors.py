@@ -1,7 +1,8 @@
 """OpenAI's error JSON, and the exception handlers that turn every failure into it.
 
-Every error body is `{"error": {"message", "type", "param", "code"}}`. Bad input is always a 4xx whose
-message names the field; FastAPI's default 422 shape never reaches a client.
+Every error body is `{"error": {"message", "type", "param", "code"}}` (`ErrorResponse`, also the schema the
+OpenAPI document gives for every error status). Bad input is always a 4xx whose message names the field;
+FastAPI's default 422 shape never reaches a client.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,41 @@ log = logging.getLogger(__name__)
 #: OpenAI's `type` per status class.
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
           429: "rate_limit_error", 503: "service_unavailable"}
+
+#: What each error status means on the generation and model routes (the OpenAPI document's descriptions).
+_MEANINGS = {
+    400: "Invalid request: `param` names the field, `message` says what is accepted.",
+    401: "Missing or invalid API key: send `Authorization: Bearer <key>`.",
+    404: "The model does not exist on this server (`code`: model_not_found).",
+    429: "The waiting queue is full (`code`: queue_full): retry after `Retry-After` seconds.",
+    500: "The engine failed on this request (`code`: engine_error); the server keeps serving others.",
+    503: "Not accepting requests: loading, draining for shutdown (`code`: draining), or the engine stopped.",
+}
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="What went wrong and what to do about it.")
+    type: str = Field(description="OpenAI's class: invalid_request_error, authentication_error, rate_limit_error, "
+                                  "service_unavailable or server_error.")
+    param: Optional[str] = Field(None, description="The request field at fault, e.g. `messages[0].role`.")
+    code: Optional[str] = Field(None, description="Machine-readable reason, e.g. invalid_value, queue_full.")
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body."""
+
+    error: ErrorDetail
+
+
+def error_response(description: str, **extra: Any) -> dict[str, Any]:
+    """One OpenAPI `responses=` entry answered with ErrorResponse (documentation only: handlers raise APIError)."""
+    return {"model": ErrorResponse, "description": description, **extra}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries for these statuses, with their usual meaning."""
+    return {s: error_response(_MEANINGS[s], **({"headers": _RETRY_AFTER} if s == 429 else {})) for s in statuses}
 
 
 class APIError(Exception):
@@ -48,7 +85,7 @@ class APIError(Exception):
 def error_body(status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None
                ) -> dict[str, Any]:
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param, code=code)).model_dump()
 
 
 def invalid(param: Optional[str], message: str) -> APIError:
