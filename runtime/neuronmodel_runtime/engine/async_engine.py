@@ -20,7 +20,7 @@ from typing import Any, Optional
 from neuronmodel_runtime.engine.engine import Engine
 from neuronmodel_runtime.engine.outputs import FINISH_ERROR, EngineStats, RequestOutput
 from neuronmodel_runtime.engine.request import Request
-from neuronmodel_runtime.runners.base import RunnerCapacity
+from neuronmodel_runtime.runners.base import RunnerCapabilities, RunnerCapacity
 from neuronmodel_runtime.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,14 @@ class AsyncEngine:
     @property
     def capacity(self) -> RunnerCapacity:
         return self.engine.capacity
+
+    @property
+    def capabilities(self) -> RunnerCapabilities:
+        return self.engine.capabilities
+
+    @property
+    def sampling_defaults(self) -> dict[str, float]:
+        return self.engine.sampling_defaults
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
