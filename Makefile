@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Where heavy, machine-wide artifacts live (converted models, Kubernetes binaries): never in the repo.
 export NEURONMODEL_CACHE ?= $(HOME)/.cache/neuronmodel
 
-.PHONY: run test test-fast lint bench env default-model tiny-models clean
+.PHONY: run test test-fast lint bench env default-model tiny-models mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,9 +30,14 @@ run: default-model
 test: default-model k8s-bin
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
+	$(PY) scripts/mutation.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not smollm2"
+
+## Mutation testing: known sampling / verification mistakes, each injected into a copy, must fail the tests.
+mutation: $(STAMP)
+	$(PY) scripts/mutation.py
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports

@@ -14,11 +14,12 @@ import torch
 
 from fakes_runner import ByteTokenizer
 from runner_helpers import make_runner
+from test_spec_distribution import ALPHA, chi2_sf
 from neuronmodel_runtime.engine.engine import Engine
 from neuronmodel_runtime.engine.speculation import build_speculation
 from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids
-from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError
-from neuronmodel_runtime.sampling.params import RowSampling, SamplingParams
+from neuronmodel_runtime.runners.base import RunnerError
+from neuronmodel_runtime.sampling.params import SamplingParams
 
 TINY = Path(__file__).resolve().parents[1] / "assets" / "tiny"
 
@@ -117,28 +118,6 @@ def test_abort_mid_generation_then_slot_reuse_stays_exact(tiny_checkpoint):
     assert got == plain["b"]
 
 
-def sample_sequences(runner, rows, length):
-    """Prefill every slot with the same prompt, decode until each row has `length` tokens."""
-    n = len(rows)
-    slots = list(range(n))
-    prompt = [5, 17, 5, 17, 5]
-    first = runner.prefill(PrefillBatch(slots, [prompt] * n, rows)).token_ids
-    seqs = [list(t) for t in first]
-    k = runner.capacity().speculation_length
-    while any(len(s) < length for s in seqs):
-        live = [i for i in slots if len(seqs[i]) < length]
-        batch = DecodeBatch(
-            slots=live,
-            last_tokens=[seqs[i][-1] for i in live],
-            positions=[len(prompt) + len(seqs[i]) - 1 for i in live],
-            sampling=[rows[i] for i in live],
-            num_spec_tokens=[min(k, length - len(seqs[i]) - 1) for i in live] if k else [],
-        )
-        for i, new in zip(live, runner.decode(batch).token_ids):
-            seqs[i].extend(new)
-    return [tuple(s[:length]) for s in seqs]
-
-
 def two_sample_chi2(a, b):
     """Chi-square statistic and degrees of freedom of two equal-size samples (categories with >= 10 in all)."""
     cats = sorted(set(a) | set(b))
@@ -156,54 +135,44 @@ def two_sample_chi2(a, b):
     return chi2, len(pairs) - 1
 
 
-# Upper 0.1% points of chi-square: a correct sampler fails one of these checks about once in a thousand runs.
-CHI2_999 = {d: v for d, v in zip(range(1, 61), [10.8, 13.8, 16.3, 18.5, 20.5, 22.5, 24.3, 26.1, 27.9, 29.6, 31.3,
-            32.9, 34.5, 36.1, 37.7, 39.3, 40.8, 42.3, 43.8, 45.3, 46.8, 48.3, 49.7, 51.2, 52.6, 54.1, 55.5, 56.9,
-            58.3, 59.7, 61.1, 62.5, 63.9, 65.2, 66.6, 68.0, 69.3, 70.7, 72.1, 73.4, 74.7, 76.1, 77.4, 78.7, 80.1,
-            81.4, 82.7, 84.0, 85.4, 86.7, 88.0, 89.3, 90.6, 91.9, 93.2, 94.5, 95.8, 97.0, 98.3, 99.6])}
+#: A prompt of 32 distinct tokens: one-token prompt lookup proposes whenever the newest token is one of them.
+DISTRIBUTION_PROMPT = [(7 * i) % 96 for i in range(1, 33)]
+
+
+def first_tokens(runner, settings, per, length, seed_base):
+    """Through the Engine: `per` seeded requests per setting (interleaved, so every batch mixes them) of
+    DISTRIBUTION_PROMPT; per setting, the tuples of their first `length` tokens."""
+    reqs = [(f"{s}/{i}", DISTRIBUTION_PROMPT, SamplingParams(**fields, seed=seed_base + i * len(settings) + s,
+                                                            max_tokens=length))
+            for i in range(per) for s, fields in enumerate(settings)]
+    outputs, engine = run_engine(runner, reqs)
+    by_setting = [[tuple(outputs[f"{s}/{i}"]) for i in range(per)] for s in range(len(settings))]
+    assert all(len(t) == length for seqs in by_setting for t in seqs)
+    return by_setting, engine
 
 
 @pytest.mark.parametrize("mode", ["draft", "promptLookup"])
 def test_sampled_speculation_preserves_the_distribution(tiny_checkpoint, mode):
-    """Per sampling setting, the 2nd and 3rd tokens' marginals and the (2nd, 3rd) pairs match plain sampling.
-
-    The batch mixes plain, top_k and top_p rows, so per-row processing is exercised together.
+    """Per sampling setting, the 2nd and 3rd tokens' marginals and the (2nd, 3rd) pairs of speculative sampling
+    match plain (non-speculative) sampling of the same runner, through the real Engine: a second model pair (the
+    96-token random llama target, the qwen2 draft, which is rejected often) beside the exact-distribution test of
+    test_spec_distribution.py. The batch mixes plain, top_k and top_p rows, so per-row processing is exercised together.
     """
     target = tiny_checkpoint("llama")
-    settings = [RowSampling(-1, 1.0, 1.0, None), RowSampling(8, 1.0, 0.8, None), RowSampling(-1, 0.7, 1.3, None)]
-    per = 340
-    rows = [RowSampling(s.top_k, s.top_p, s.temperature, seed) for seed in range(per) for s in settings]
-    extra = {"draft": spec_fields("draft", 3, tiny_checkpoint("qwen2")), "promptLookup": {}}[mode]
-    plain = sample_sequences(make_runner(target, max_num_seqs=len(rows), max_model_len=16, max_context_length=8), rows, 4)
+    settings = [dict(temperature=1.0), dict(top_k=8, temperature=0.8), dict(top_p=0.7, temperature=1.3)]
+    per, size = 340, dict(max_num_seqs=256, max_model_len=40, max_context_length=32)
+    plain, _ = first_tokens(make_runner(target, **size), settings, per, 4, seed_base=0)
     if mode == "draft":
-        spec_runner = make_runner(target, max_num_seqs=len(rows), max_model_len=16, max_context_length=8, **extra)
-        spec = sample_sequences(spec_runner, [RowSampling(r.top_k, r.top_p, r.temperature, r.seed + 10**6)
-                                              for r in rows], 4)
-    else:  # deterministic proposals: feed a fixed guess through the same verifier
-        spec = sample_prompt_lookup(target, rows, 4)
+        fields = spec_fields("draft", 3, tiny_checkpoint("qwen2"))
+    else:  # one-token n-grams, so that the repetitive prompt always offers a proposal
+        fields = {"speculation": {"mode": "promptLookup", "num_speculative_tokens": 3, "prompt_lookup_min": 1}}
+    spec, engine = first_tokens(make_runner(target, **size, **fields), settings, per, 4, seed_base=10**6)
+    assert engine.stats.spec_drafts_total >= per * len(settings) // 4  # many rows did speculate
     for s_index in range(len(settings)):
-        a = [seq for i, seq in enumerate(plain) if i % len(settings) == s_index]
-        b = [seq for i, seq in enumerate(spec) if i % len(settings) == s_index]
+        a, b = plain[s_index], spec[s_index]
         for view in (lambda s: s[1], lambda s: s[2], lambda s: s[1:3]):
             chi2, dof = two_sample_chi2([view(s) for s in a], [view(s) for s in b])
-            assert dof == 0 or chi2 < CHI2_999[min(dof, 60)], (s_index, chi2, dof)
-
-
-def sample_prompt_lookup(target, rows, length):
-    """Like sample_sequences, with k=3 host proposals that repeat the prompt's pattern."""
-    runner = make_runner(target, max_num_seqs=len(rows), max_model_len=16, max_context_length=8, **spec_fields("promptLookup", 3))
-    n = len(rows)
-    slots = list(range(n))
-    prompt = [5, 17, 5, 17, 5]
-    seqs = [list(t) for t in runner.prefill(PrefillBatch(slots, [prompt] * n, rows)).token_ids]
-    while any(len(s) < length for s in seqs):
-        live = [i for i in slots if len(seqs[i]) < length]
-        ks = [min(3, length - len(seqs[i]) - 1) for i in live]
-        batch = DecodeBatch(live, [seqs[i][-1] for i in live], [len(prompt) + len(seqs[i]) - 1 for i in live],
-                            [rows[i] for i in live], num_spec_tokens=ks, draft_tokens=[[17, 5, 17][:k] for k in ks])
-        for i, new in zip(live, runner.decode(batch).token_ids):
-            seqs[i].extend(new)
-    return [tuple(s[:length]) for s in seqs]
+            assert dof == 0 or chi2_sf(chi2, dof) > ALPHA, (s_index, chi2, dof, chi2_sf(chi2, dof))
 
 
 def test_eagle_and_foreign_drafts_are_refused_with_a_clear_error(tiny_checkpoint, tmp_path):
@@ -243,12 +212,87 @@ def test_trained_tiny_pair_greedy_acceptance():
 
 
 def test_rows_that_want_logprobs_get_them_in_a_speculative_step(tiny_checkpoint):
+    """In one engine step, a row with logprobs decodes one token with its logprobs while its neighbour speculates."""
     target = tiny_checkpoint("llama")
-    runner = make_runner(target, max_num_seqs=2, sampling={"on_device": False}, **spec_fields("draft", 3, target))
-    greedy = [RowSampling(1, 1.0, 1.0, None)] * 2
-    first = runner.prefill(PrefillBatch([0, 1], [[1, 2, 3], [4, 5]], greedy)).token_ids
-    out = runner.decode(DecodeBatch([0, 1], [first[0][0], first[1][0]], [3, 2], greedy,
-                                    num_spec_tokens=[3, 0], num_logprobs=[None, 2]))
-    assert len(out.token_ids[0]) == 4 and len(out.token_ids[1]) == 1  # the draft is the target: all accepted
-    assert out.logprobs[0] is None and len(out.logprobs[1]) == 1 and len(out.logprobs[1][0].top) == 2
-    assert out.num_draft_tokens == [3, 0]
+    host = {"sampling": {"on_device": False}}
+    reqs = [("spec", [1, 2, 3], SamplingParams(temperature=0, max_tokens=9)),
+            ("logprobs", [4, 5], SamplingParams(temperature=0, max_tokens=9, logprobs=2))]
+    plain, _ = run_engine(make_runner(target, max_num_seqs=2, **host), reqs)
+    engine = spec_engine(make_runner(target, max_num_seqs=2, **host, **spec_fields("draft", 3, target)))
+    for rid, prompt, params in reqs:
+        engine.add(engine.make_request(rid, prompt, params))
+    steps = []  # per step: request id -> (tokens, logprobs) emitted
+    while engine.has_work:
+        emitted = {}
+        engine.step(lambda outs: emitted.update({o.request_id: (o.token_ids, o.logprobs) for o in outs}))
+        steps.append(emitted)
+    assert {rid: [t for step in steps for t in step.get(rid, ([], None))[0]] for rid, _, _ in reqs} == plain
+    decode = steps[1]  # the first decode step: the draft is the target, so all 3 drafts are accepted
+    assert len(decode["spec"][0]) == 4 and decode["spec"][1] is None
+    tokens, logprobs = decode["logprobs"]
+    assert len(tokens) == 1 and len(logprobs) == 1 and len(logprobs[0].top) == 2
+    everything = [lp for step in steps for lp in (step.get("logprobs", ([], None))[1] or [])]
+    assert len(everything) == 9 and all(len(lp.top) == 2 for lp in everything)
+    assert engine.stats.spec_accepted_tokens_total == engine.stats.spec_draft_tokens_total > 0
+
+
+PROBE_PROMPT = [7, 30, 41, 7, 30, 41, 7, 30]  # repetitive: prompt lookup proposes
+
+
+def batch_mates(n, stop=7):
+    """Requests of every kind around a probe: greedy and sampled rows that speculate, rows that never speculate
+    (logprobs, penalties, logit_bias, min_tokens), and different lengths so that slots free at different steps."""
+    kinds = [
+        SamplingParams(temperature=0, max_tokens=10),
+        SamplingParams(temperature=1.0, seed=11, max_tokens=14),
+        SamplingParams(top_k=5, temperature=0.6, seed=12, max_tokens=6),
+        SamplingParams(temperature=0.9, seed=13, max_tokens=12, logprobs=3),
+        SamplingParams(temperature=1.1, seed=14, max_tokens=9, frequency_penalty=0.5, repetition_penalty=1.3),
+        SamplingParams(temperature=0, max_tokens=8, logit_bias=((30, 2.0),)),
+        SamplingParams(top_p=0.8, temperature=1.2, seed=15, max_tokens=11, min_tokens=4, stop_token_ids=(stop,)),
+    ]
+    return [(f"mate{i}", prompts(n, seed=3)[i] or [1], kinds[i % len(kinds)]) for i in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["draft", "promptLookup"])
+@pytest.mark.parametrize("probe", [
+    SamplingParams(temperature=1.2, top_p=0.9, seed=1234, max_tokens=16),
+    SamplingParams(temperature=0.8, top_k=6, seed=99, max_tokens=16, logprobs=1),  # never speculates
+])
+def test_a_seeded_request_samples_the_same_tokens_alone_or_in_any_batch(tiny_checkpoint, mode, probe):
+    """A seeded sampled request's tokens do not depend on its batch: alone, among rows that speculate (or not) and
+    rows with logprobs, in another slot, or admitted while others run, it gets the same tokens."""
+    target = tiny_checkpoint("llama")
+    if mode == "draft":
+        fields = spec_fields("draft", 3, tiny_checkpoint("qwen2"))
+    else:
+        fields = {"speculation": {"mode": "promptLookup", "num_speculative_tokens": 3, "prompt_lookup_min": 1}}
+
+    def runner():
+        return make_runner(target, max_num_seqs=6, sampling={"on_device": False}, **fields)
+
+    alone, engine = run_engine(runner(), [("probe", PROBE_PROMPT, probe)])
+    assert len(alone["probe"]) == 16
+    if probe.logprobs is None:
+        assert engine.stats.spec_drafts_total > 0  # the probe itself speculated
+    mates = batch_mates(7)
+    together, engine = run_engine(runner(), mates[:3] + [("probe", PROBE_PROMPT, probe)] + mates[3:])
+    assert together["probe"] == alone["probe"]
+    assert engine.stats.spec_drafts_total > 0
+    # Admitted into a running batch (slot 5, after two steps), while its neighbours finish around it.
+    engine = spec_engine(runner())
+    for rid, prompt, params in mates[:5]:
+        engine.add(engine.make_request(rid, prompt, params))
+    got = []
+
+    def emit(outs):
+        got.extend(t for o in outs if o.request_id == "probe" for t in o.token_ids)
+
+    engine.step(emit)
+    engine.step(emit)
+    engine.add(engine.make_request("probe", PROBE_PROMPT, probe))
+    for rid, prompt, params in mates[5:]:
+        engine.add(engine.make_request(rid, prompt, params))
+    while engine.has_work:
+        engine.step(emit)
+    assert got == alone["probe"]

@@ -1,0 +1,227 @@
+"""Mutation testing of the sampling and speculative-verification math: each known mistake must fail the tests.
+
+For every mutation below, the script copies the repository's runtime package and the runtime tests into a
+temporary directory, applies the mutation as an exact text replacement (it stops at once, naming the mutation, when
+the target text is not found exactly once, so the list cannot rot silently), runs only the test files that mutation
+needs against the mutated copy, and requires that run to FAIL. A run of all those files without any mutation must
+pass first. Each pytest process asserts, before collecting, that `neuronmodel_runtime` is imported from the copy and
+that the imported module holds the mutated text; bytecode is never written, so no stale cache can hide a mutation.
+
+Prints one line per mutation ("caught" / "NOT CAUGHT" / "ERROR") and exits non-zero if any mutation survives, any run
+errors, or the unmutated run fails. A few minutes on 2 CPU cores (each mutated run stops at its first failure).
+
+Usage: python scripts/mutation.py [--only NAME_SUBSTRING] [-v]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "runtime/neuronmodel_runtime"
+
+DISTRIBUTION = ("tests/runtime_tests/test_spec_distribution.py",)
+SAMPLER = ("tests/runtime_tests/test_sampler_reference.py",)
+PROCESSORS = ("tests/runtime_tests/test_processors.py",)
+INVARIANCE = ("tests/runtime_tests/test_speculation.py", "-k", "alone_or_in_any_batch")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # file under PACKAGE
+    old: str  # exact text, present exactly once
+    new: str
+    tests: tuple[str, ...]  # pytest arguments: files, node ids, -k expressions
+
+    @property
+    def module(self) -> str:
+        return "neuronmodel_runtime." + self.path.removesuffix(".py").replace("/", ".")
+
+
+MUTATIONS = [
+    Mutation(
+        "verify: bonus token drawn from position k_i-1 instead of k_i", "spec_decode/verify.py",
+        "emitted.append(int(draw(ids[r, k_i][None], p_all[r, k_i][None], [gen])[0]))  # bonus",
+        "emitted.append(int(draw(ids[r, k_i - 1][None], p_all[r, k_i - 1][None], [gen])[0]))  # bonus",
+        DISTRIBUTION,
+    ),
+    Mutation(
+        "verify: every draft position checked against position 0's target", "spec_decode/verify.py",
+        "p, cand = p_all[r, j], ids[r, j]  # [K] each",
+        "p, cand = p_all[r, 0], ids[r, 0]  # [K] each",
+        DISTRIBUTION,
+    ),
+    Mutation(
+        "draft: q without the row's top-k/top-p/temperature (softmax of raw logits)", "spec_decode/draft.py",
+        "draft_probs[q_index, j] = target_probs(logits[q_index], params[q_rows], self.global_top_k)",
+        "draft_probs[q_index, j] = torch.softmax(logits[q_index].float(), dim=-1)",
+        DISTRIBUTION,
+    ),
+    Mutation(
+        "verify: residual p instead of normalised (p - q)+", "spec_decode/verify.py",
+        "residual = (p - q).clamp_min(0.0)  # draw() normalises",
+        "residual = p  # draw() normalises",
+        DISTRIBUTION,
+    ),
+    Mutation(
+        "verify: acceptance min(1, q/p) instead of min(1, p/q)", "spec_decode/verify.py",
+        "if uniforms[j] * q_x < p_x:",
+        "if uniforms[j] * p_x < q_x:",
+        DISTRIBUTION,
+    ),
+    Mutation(
+        "sampler: top-p applied before temperature", "sampling/sampler.py",
+        "probs = torch.softmax(scaled, dim=-1)  # [B, K]",
+        'probs = torch.softmax(values.masked_fill(rank >= top_k, float("-inf")), dim=-1)  # [B, K]',
+        SAMPLER,
+    ),
+    Mutation(
+        "sampler: top-p drops the candidate crossing the threshold (NxDI's rule)", "sampling/sampler.py",
+        "beyond_nucleus = (mass_before >= top_p) & (top_p < 1.0)  # [B, K]",
+        "beyond_nucleus = (mass_before + probs > top_p) & (rank > 0) & (top_p < 1.0)  # [B, K]",
+        SAMPLER,
+    ),
+    Mutation(
+        "sampler: rows draw from another row's generator", "sampling/sampler.py",
+        "tokens[index] = draw(candidate_ids, candidate_logprobs.exp(), [generators[i] for i in sampled])",
+        "tokens[index] = draw(candidate_ids, candidate_logprobs.exp(), [generators[i] for i in reversed(sampled)])",
+        INVARIANCE,
+    ),
+    Mutation(
+        "processors: presence penalty applied per occurrence", "sampling/processors.py",
+        '- column("presence_penalty") * (counts > 0)',
+        '- column("presence_penalty") * counts',
+        PROCESSORS,
+    ),
+    Mutation(
+        "processors: repetition penalty ignores the prompt", "sampling/processors.py",
+        "seen = in_prompt | (counts > 0)",
+        "seen = counts > 0",
+        PROCESSORS,
+    ),
+    Mutation(
+        "processors: negative logits divided by the repetition penalty", "sampling/processors.py",
+        "torch.where(sub > 0, sub / repetition, sub * repetition)",
+        "sub / repetition",
+        PROCESSORS,
+    ),
+    Mutation(
+        "processors: logit_bias replaces the logit instead of adding to it", "sampling/processors.py",
+        "out.index_put_((row_idx, token_idx), bias, accumulate=True)",
+        "out.index_put_((row_idx, token_idx), bias, accumulate=False)",
+        PROCESSORS,
+    ),
+]
+
+#: Runs pytest in the copy after checking that the copy (and the mutated text) is what gets imported.
+BOOT = """
+import importlib, sys
+root, module, needle, *args = sys.argv[1:]
+
+
+def refuse(message):
+    print("mutation.py:", message, file=sys.stderr)
+    sys.exit(10)  # not a pytest exit status: never read as "tests failed"
+
+
+sys.path.insert(0, root + "/runtime")
+try:
+    import neuronmodel_runtime
+    mod = importlib.import_module(module) if module else None
+except Exception as exc:
+    refuse(f"importing the copy failed: {type(exc).__name__}: {exc}")
+if not neuronmodel_runtime.__file__.startswith(root):
+    refuse(f"neuronmodel_runtime imported from {neuronmodel_runtime.__file__}, not from the copy in {root}")
+if mod is not None and (not mod.__file__.startswith(root) or needle not in open(mod.__file__).read()):
+    refuse(f"{module} ({mod.__file__}) is not the mutated copy")
+import pytest
+sys.exit(pytest.main(args))
+"""
+
+
+def make_copy(root: Path) -> None:
+    """runtime/ and tests/runtime_tests/ copied (no bytecode), pyproject.toml (pytest's settings); tests/assets is
+    linked."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    shutil.copytree(REPO / "runtime", root / "runtime", ignore=ignore)
+    shutil.copytree(REPO / "tests" / "runtime_tests", root / "tests" / "runtime_tests", ignore=ignore)
+    (root / "tests" / "assets").symlink_to(REPO / "tests" / "assets")
+    shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
+
+
+def check_targets(mutations: list[Mutation]) -> None:
+    """Every mutation's text occurs exactly once in the repository's current source; stop loudly otherwise."""
+    for m in mutations:
+        source = (REPO / PACKAGE / m.path).read_text()
+        count = source.count(m.old)
+        if count != 1:
+            sys.exit(f"mutation {m.name!r}: its target text occurs {count} times in {PACKAGE}/{m.path} (expected "
+                     f"once); update scripts/mutation.py to the current code:\n    {m.old}")
+
+
+def run_tests(root: Path, tests: tuple[str, ...], mutation: Mutation | None, verbose: bool) -> tuple[int, str, float]:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(root / "runtime")}
+    module, needle = (mutation.module, mutation.new) if mutation else ("", "")
+    args = [sys.executable, "-c", BOOT, str(root), module, needle,
+            "-q", "-x", "-p", "no:cacheprovider", "--rootdir", str(root), *tests]
+    start = time.monotonic()
+    proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    if verbose:
+        print(output[-4000:])
+    return proc.returncode, output, time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run only the mutations whose name contains this text")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print the tail of every pytest run")
+    opts = parser.parse_args()
+    mutations = [m for m in MUTATIONS if not opts.only or opts.only in m.name]
+    check_targets(MUTATIONS)
+    started = time.monotonic()
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="neuronmodel-mutation-") as tmp:
+        root = Path(tmp)
+        make_copy(root)
+        every_file = tuple(dict.fromkeys(t for m in mutations for t in m.tests if t.endswith(".py")))
+        rc, output, seconds = run_tests(root, every_file, None, opts.verbose)
+        if rc != 0:
+            print(output[-4000:])
+            print(f"unmutated run FAILED (exit {rc}) [{seconds:.0f}s]: fix the tests before mutating")
+            return 1
+        print(f"passes      unmutated code ({len(every_file)} test files) [{seconds:.0f}s]", flush=True)
+        for m in mutations:
+            target = root / PACKAGE / m.path
+            original = target.read_text()
+            target.write_text(original.replace(m.old, m.new, 1))
+            try:
+                rc, output, seconds = run_tests(root, m.tests, m, opts.verbose)
+            finally:
+                target.write_text(original)
+            if rc == 1:  # pytest: some tests failed
+                verdict = "caught     "
+                failed_tests = [line.split()[1] for line in output.splitlines() if line.startswith("FAILED ")]
+                by = f" by {failed_tests[0].split('/')[-1]}" if failed_tests else ""
+            elif rc == 0:
+                verdict, failed, by = "NOT CAUGHT ", True, ""
+            else:  # collection error, crash, or the import check above
+                verdict, failed, by = f"ERROR ({rc})  ", True, ""
+                print(output[-4000:])
+            print(f"{verdict} {m.name}{by} [{seconds:.0f}s]", flush=True)
+    print(f"{len(mutations)} mutations in {time.monotonic() - started:.0f}s: "
+          + ("some mutations survived or errored" if failed else "all caught"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
