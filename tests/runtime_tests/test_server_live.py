@@ -134,9 +134,9 @@ def test_disconnect_while_waiting_for_a_slot_leaves_the_queue():
         assert results["busy"][0] == 200
 
 
-def _post_in_background(url, body, results, key):
+def _post_in_background(url, body, results, key, timeout=30.0):
     def run():
-        with httpx.Client(base_url=url, timeout=30) as client:
+        with httpx.Client(base_url=url, timeout=timeout) as client:
             r = client.post("/v1/completions", json=body)
             results[key] = (r.status_code, r.text)
 
@@ -320,9 +320,9 @@ def assert_extreme_rows_never_fail_normal_rows(url: str, prompt: str) -> None:
                {"logit_bias": {str(t): -100 for t in vocab}, "temperature": 0}]
     bodies = [{**base, **b} for b, _ in hostile] + [{**base, **b} for b in extreme] + [{**base, "temperature": 0}] * 4
     results: dict = {}
-    threads = [_post_in_background(url, body, results, i) for i, body in enumerate(bodies)]
+    threads = [_post_in_background(url, body, results, i, timeout=300) for i, body in enumerate(bodies)]
     for thread in threads:
-        thread.join(timeout=120)
+        thread.join(timeout=300)
     for i, (_, field) in enumerate(hostile):
         status, text = results[i]
         assert status == 400 and json.loads(text)["error"]["param"] == field, text

@@ -22,7 +22,7 @@ from pydantic.json_schema import models_json_schema
 from neuronmodel_runtime import __version__
 from neuronmodel_runtime.config import RuntimeConfig
 from neuronmodel_runtime.server import routes_chat, routes_completions, routes_health, routes_models
-from neuronmodel_runtime.server.auth import _PROTECTED_PREFIX, APIKeyMiddleware
+from neuronmodel_runtime.server.auth import PROTECTED_PREFIX, APIKeyMiddleware
 from neuronmodel_runtime.server.errors import error_responses, install_error_handlers
 from neuronmodel_runtime.server.metrics import Metrics
 from neuronmodel_runtime.server.protocol import ChatCompletionChunk
@@ -105,6 +105,6 @@ def _require_bearer(doc: dict[str, Any]) -> None:
         "bearer": {"type": "http", "scheme": "bearer", "description": "server.api_key"}
     }
     for path, item in doc["paths"].items():
-        if path.startswith(_PROTECTED_PREFIX):
+        if path.startswith(PROTECTED_PREFIX):
             for operation in item.values():
                 operation["security"] = [{"bearer": []}]

@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from neuronmodel_runtime.server.errors import APIError
 
-_PROTECTED_PREFIX = "/v1/"
+PROTECTED_PREFIX = "/v1/"
 
 
 class APIKeyMiddleware:
@@ -21,7 +21,7 @@ class APIKeyMiddleware:
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(_PROTECTED_PREFIX):
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIX):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
                 error = APIError(
