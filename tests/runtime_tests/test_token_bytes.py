@@ -106,21 +106,21 @@ def test_sentencepiece_metaspace_decoder():
     assert b"".join(token_bytes(tok, i) for i in ids) == b" hello wrld"
 
 
-class TiktokenStyleByteTokenizer(ByteTokenizer):
-    """The fake with tiktoken's per-token bytes method (tiktoken.Encoding.decode_single_token_bytes)."""
+class DecodeOnlyByteTokenizer:
+    """The fake without tiktoken's per-token bytes method: only decode() shows what a token is."""
 
-    def decode_single_token_bytes(self, token_id: int) -> bytes:
-        return bytes([token_id]) if token_id < 256 else b""
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return ByteTokenizer().decode(ids, skip_special_tokens)
 
 
 def test_byte_tokenizer_fake():
     text = "a€😀 z"
     ids = ByteTokenizer().encode(text)
-    exact = TiktokenStyleByteTokenizer()
+    exact = ByteTokenizer()  # has tiktoken's decode_single_token_bytes
     assert b"".join(token_bytes(exact, i) for i in ids) == text.encode("utf-8")
     assert token_text(exact, 0xE2) == "bytes:\\xe2" and token_text(exact, ord("a")) == "a"
     # Without a way to see a token's bytes, its decode() is all there is: exact for whole characters only.
-    plain = ByteTokenizer()
+    plain = DecodeOnlyByteTokenizer()
     assert token_bytes(plain, ord("a")) == b"a" and token_text(plain, ord("a")) == "a"
     assert token_bytes(plain, 0xE2) == "\ufffd".encode("utf-8")
 
