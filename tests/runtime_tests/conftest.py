@@ -70,6 +70,18 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
     return make
 
 
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The embedded default model's real byte-level BPE tokenizer (skips when the model is not converted)."""
+    transformers = pytest.importorskip("transformers")
+    from neuronmodel_runtime.config import default_model_path
+
+    folder = default_model_path()
+    if not (folder / "tokenizer.json").is_file():
+        pytest.skip("run scripts/fetch_default_model.py first")
+    return transformers.AutoTokenizer.from_pretrained(str(folder))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
     """Tests use tiny models: one intra-op thread is as fast, and immune to a busy machine's thread contention."""

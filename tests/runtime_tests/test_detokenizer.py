@@ -122,17 +122,6 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    transformers = pytest.importorskip("transformers")
-    from neuronmodel_runtime.config import default_model_path
-
-    folder = default_model_path()
-    if not (folder / "tokenizer.json").is_file():
-        pytest.skip("run scripts/fetch_default_model.py first")
-    return transformers.AutoTokenizer.from_pretrained(str(folder))
-
-
 def expected_output_text(tokenizer, prompt: list[int], outputs: list[int]) -> str:
     """What the outputs add to the prompt's text, by transformers' decode of the whole sequence: the prompt's
     complete characters are the prompt's; a character the prompt leaves incomplete belongs to the output that

@@ -18,17 +18,6 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    transformers = pytest.importorskip("transformers")
-    from neuronmodel_runtime.config import default_model_path
-
-    folder = default_model_path()
-    if not (folder / "tokenizer.json").is_file():
-        pytest.skip("run scripts/fetch_default_model.py first")
-    return transformers.AutoTokenizer.from_pretrained(str(folder))
-
-
 @pytest.mark.smollm2
 @pytest.mark.parametrize("text", TEXTS)
 def test_byte_level_bpe_bytes_concatenate_to_the_text(smollm2_tokenizer, text):
