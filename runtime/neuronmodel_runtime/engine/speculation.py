@@ -89,11 +89,18 @@ def _speculate(runner: ModelRunner, spec: Speculation, batch: DecodeBatch, budge
     if spec.proposer is None:  # fused, compiled for one k: every speculating row proposes exactly k
         out = runner.decode(_subset(batch, wanting, [spec.k] * len(wanting))) if wanting else StepOutput([])
         return wanting, out.token_ids, [spec.k] * len(wanting)
-    drafts, probs = _propose(runner, spec.proposer, batch, wanting, budgets, histories, global_top_k)
-    spec_rows = [i for i in wanting if drafts[i]]  # prompt lookup may find nothing to propose
-    if not spec_rows:
+    if not wanting:
         return [], [], []
-    return spec_rows, _verify(runner, batch, spec_rows, drafts, probs, global_top_k), [len(drafts[i]) for i in spec_rows]
+    params = sampling_tensor([batch.sampling[i] for i in wanting], global_top_k)  # [W, 3]
+    generators = runner.slot_generators([batch.slots[i] for i in wanting])
+    drafts, probs = _propose(spec.proposer, batch, wanting, budgets, histories, params, generators)
+    keep = [j for j, i in enumerate(wanting) if drafts[i]]  # prompt lookup may find nothing to propose
+    if not keep:
+        return [], [], []
+    spec_rows = [wanting[j] for j in keep]
+    emitted = _verify(runner, batch, spec_rows, drafts, probs, params[keep], [generators[j] for j in keep],
+                      global_top_k)
+    return spec_rows, emitted, [len(drafts[i]) for i in spec_rows]
 
 
 def _merge(size: int, plain_rows: list[int], plain: StepOutput, spec_rows: list[int], emitted: list[list[int]],
@@ -122,23 +129,22 @@ def _subset(batch: DecodeBatch, rows: Sequence[int], num_spec: Sequence[int] = (
     )
 
 
-def _propose(runner: ModelRunner, proposer: Proposer, batch: DecodeBatch, rows: list[int], budgets: Sequence[int],
-             histories: Sequence[Sequence[int]], global_top_k: int
+def _propose(proposer: Proposer, batch: DecodeBatch, rows: list[int], budgets: Sequence[int],
+             histories: Sequence[Sequence[int]], params: torch.Tensor, generators: list[torch.Generator]
              ) -> tuple[dict[int, list[int]], Optional[dict[int, torch.Tensor]]]:
-    """Row -> its proposed tokens (maybe none), and row -> their draft distributions `[k, V]` (None: deterministic)."""
-    if not rows:
-        return {}, None
+    """Row -> its proposed tokens (maybe none), and row -> their draft distributions `[k, V]` (None: deterministic).
+    `params` and `generators` are those of `rows`, in order."""
     slots = [batch.slots[i] for i in rows]
-    params = sampling_tensor([batch.sampling[i] for i in rows], global_top_k)
-    proposal = proposer.propose(slots, [histories[i] for i in rows], [budgets[i] for i in rows], params,
-                                runner.slot_generators(slots))
+    proposal = proposer.propose(slots, [histories[i] for i in rows], [budgets[i] for i in rows], params, generators)
     probs = None if proposal.probs is None else dict(zip(rows, proposal.probs))
     return dict(zip(rows, proposal.tokens)), probs
 
 
 def _verify(runner: ModelRunner, batch: DecodeBatch, rows: list[int], drafts: dict[int, list[int]],
-            probs: Optional[dict[int, torch.Tensor]], global_top_k: int) -> list[list[int]]:
-    """Score the proposed rows and verify them exactly; per-row emitted tokens (1..k_i+1 each)."""
+            probs: Optional[dict[int, torch.Tensor]], params: torch.Tensor, generators: list[torch.Generator],
+            global_top_k: int) -> list[list[int]]:
+    """Score the proposed rows and verify them exactly; per-row emitted tokens (1..k_i+1 each). `params` and
+    `generators` are those of `rows`, in order."""
     slots = [batch.slots[i] for i in rows]
     positions = [batch.positions[i] for i in rows]
     proposed = [drafts[i] for i in rows]
@@ -148,9 +154,7 @@ def _verify(runner: ModelRunner, batch: DecodeBatch, rows: list[int], drafts: di
     for j, d in enumerate(proposed):
         draft_tokens[j, : len(d)] = torch.tensor(d, dtype=torch.int64)
     q = None if probs is None else torch.stack([probs[i][:width] for i in rows]).to(logits.device)  # [S, k, V]
-    params = sampling_tensor([batch.sampling[i] for i in rows], global_top_k)
-    tokens, emitted = verify(logits, draft_tokens, [len(d) for d in proposed], params,
-                             runner.slot_generators(slots), global_top_k, q)
+    tokens, emitted = verify(logits, draft_tokens, [len(d) for d in proposed], params, generators, global_top_k, q)
     next_positions = torch.tensor(positions)[:, None] + emitted[:, None]  # [S, 1]: NxDI's fused output
     return unpad_fused(tokens, positions, next_positions)
 
