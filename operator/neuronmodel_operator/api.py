@@ -1,0 +1,307 @@
+"""The NeuronModel API: group/version/kind, labels, annotations and env names in one place, and the typed spec.
+
+`NeuronModelSpec` is the single definition of the spec: the operator parses every object with it once, at the
+edge (`parse_spec`), and `crdgen.py` generates the CRD's openAPIV3Schema from it, with its descriptions,
+defaults, enums and the CEL rules (`x-kubernetes-validations`) attached here. A rule's message says how to fix.
+CEL catches what it can at admission; `resolve.py` refuses what it cannot (the operator's Failed condition).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from neuronmodel_operator import devices
+
+GROUP = "neuronmodel.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "NeuronModel"
+PLURAL = "neuronmodels"
+SINGULAR = "neuronmodel"
+SHORT_NAMES = ("nm",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+FIELD_MANAGER = "neuronmodel-operator"
+OPERATOR_NAME = "neuronmodel-operator"
+
+# Labels on every child (pod templates too). Only these: never the owner's labels (Helm/Argo tracking fights).
+LABEL_NAME = f"{GROUP}/name"  # the NeuronModel's name; selects a model's children
+LABEL_COMPONENT = "app.kubernetes.io/component"  # server | compile
+LABEL_APP_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+APP_NAME = "neuronmodel"
+
+# Annotations written by the operator (kopf's progress storage uses the same prefix).
+ANNOTATION_PREFIX = GROUP
+ANNOTATION_COMPILE_KEY = f"{GROUP}/compile-key"  # on the compile Job and the pod template
+ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"  # on the pod template: a new RuntimeConfig rolls the pods
+ANNOTATION_SERVED_SPEC = f"{GROUP}/served-spec"  # on the Deployment: the spec its pods run (compile gating)
+
+# Environment of the operator process (the chart sets them).
+ENV_RUNTIME_IMAGE = "NEURONMODEL_RUNTIME_IMAGE"  # default spec.image
+ENV_HPA_METRIC = "NEURONMODEL_HPA_METRIC"  # default spec.autoscaling.metric
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0"
+DEFAULT_HPA_METRIC = "vllm:num_requests_waiting"  # as prometheus-adapter exposes vLLM's metric
+
+SERVER_PORT_NAME = "http"
+
+# Shapes CEL checks against (kept short: CEL's cost budget grows with string lengths).
+_SOURCE_RE = (r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?"
+              r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$")
+_CACHE_URL_RE = r"^(s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
+_SOURCE_FORMS = "hf://org/name, s3://bucket/prefix, pvc://claim/path or an absolute path"
+
+
+def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    """json_schema_extra carrying CEL rules: (rule, message saying how to fix)."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+class _Spec(BaseModel):
+    """camelCase keys as in the CRD; unknown keys are errors (the API server rejects them first)."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class SecretKeyRef(_Spec):
+    name: str = Field(description="Secret in the NeuronModel's namespace.", max_length=253)
+    key: str = Field("token", description="Key in the Secret.", max_length=253)
+
+
+class DraftModel(_Spec):
+    source: str = Field(description=f"Where the draft model is: {_SOURCE_FORMS}.", max_length=1024,
+                        json_schema_extra=_rules((f"self.matches('{_SOURCE_RE}')",
+                                                  f"draftModel.source must be {_SOURCE_FORMS}")))
+    revision: Optional[str] = Field(None, description="hf:// revision (branch, tag or commit); default main.",
+                                    max_length=256)
+
+
+class ModelSpec(_Spec):
+    source: str = Field(
+        description=f"Where the model is: {_SOURCE_FORMS}. hf:// and s3:// are downloaded by an init container "
+        "(`neuronmodel-runtime fetch`); pvc:// and paths are mounted.", max_length=1024,
+        json_schema_extra=_rules((f"self.matches('{_SOURCE_RE}')", f"model.source must be {_SOURCE_FORMS}")))
+    revision: Optional[str] = Field(None, description="hf:// revision (branch, tag or commit); default main. "
+                                    "Pin a commit for reproducible compile-cache keys.", max_length=256)
+    token_secret_ref: Optional[SecretKeyRef] = Field(
+        None, description="Secret holding the Hugging Face token (HF_TOKEN) for gated or private repos.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="Weights dtype; auto is bfloat16 on Neuron, float32 on CPU.")
+    served_model_name: Optional[str] = Field(
+        None, description="The `model` name clients send; default: the NeuronModel's name.", max_length=256)
+    parameters: Optional[str] = Field(
+        None, description="Parameter count, e.g. 8B or 135M: lets the operator warn when TP x HBM cannot hold it.",
+        pattern=r"^[0-9]+(\.[0-9]+)?[KMBT]$", max_length=16)
+
+    def parameter_count(self) -> Optional[float]:
+        if self.parameters is None:
+            return None
+        scale = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}[self.parameters[-1]]
+        return float(self.parameters[:-1]) * scale
+
+
+class Parallelism(_Spec):
+    model_config = ConfigDict(json_schema_extra=_rules((
+        "self.tensorParallelDegree % self.nodes == 0",
+        "parallelism.nodes must divide parallelism.tensorParallelDegree (each node holds TP/nodes NeuronCores)")))
+
+    tensor_parallel_degree: int = Field(1, ge=1, le=1024, description="NeuronCores the model is sharded over, "
+                                        "across all nodes of a serving group.")
+    nodes: int = Field(1, ge=1, le=64, description="Nodes per serving group; > 1 makes a LeaderWorkerSet.")
+    logical_core_config: Optional[Literal[1, 2]] = Field(
+        None, description="trn2 only: logical NeuronCore config (NEURON_LOGICAL_NC_CONFIG), 2 by default; must "
+        "match the nodes' setting.")
+
+
+class Batching(_Spec):
+    model_config = ConfigDict(json_schema_extra=_rules((
+        "self.maxContextLength <= self.maxSeqLen",
+        "batching.maxContextLength (longest prompt) must be <= batching.maxSeqLen (prompt + output)")))
+
+    max_batch_size: int = Field(8, ge=1, le=1024, description="Batch slots per replica (Neuron's compiled batch).")
+    max_context_length: int = Field(1024, ge=1, le=1048576, description="Longest prompt in tokens.")
+    max_seq_len: int = Field(2048, ge=2, le=1048576, description="Longest sequence (prompt + output) in tokens.")
+
+
+class Sampling(_Spec):
+    on_device: bool = Field(True, description="Sample on the NeuronCores; logprobs need false.")
+    global_top_k: int = Field(256, ge=1, le=65536, description="Candidates per row before per-request top-k/top-p.")
+
+
+class Speculation(_Spec):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        ("self.mode in ['draft', 'eagle'] ? has(self.draftModel) : !has(self.draftModel)",
+         "speculation.draftModel is required by mode draft and eagle, and must be absent for none and promptLookup"),
+        ("self.promptLookupMin <= self.promptLookupMax",
+         "speculation.promptLookupMin must be <= speculation.promptLookupMax")))
+
+    mode: Literal["none", "draft", "eagle", "promptLookup"] = Field(
+        "none", description="none | draft (a smaller draft model) | eagle (an EAGLE draft; Neuron runners) | "
+        "promptLookup (n-grams of the request itself, no draft model).")
+    draft_model: Optional[DraftModel] = Field(None, description="The draft model of mode draft or eagle.")
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="k: tokens proposed per step.")
+    prompt_lookup_min: int = Field(2, ge=1, le=64, description="Smallest n-gram prompt lookup matches.")
+    prompt_lookup_max: int = Field(4, ge=1, le=64, description="Largest n-gram prompt lookup matches.")
+
+
+class CompileCache(_Spec):
+    url: Optional[str] = Field(
+        None, description="Compiled-artifact cache: s3://bucket/prefix, pvc://claim/path or a node path. With "
+        "policy IfNotCached or Always a compile Job fills it before the serving pods start.", max_length=1024,
+        json_schema_extra=_rules((f"self.matches('{_CACHE_URL_RE}')",
+                                  "compileCache.url must be s3://bucket/prefix, pvc://claim/path or an absolute path")))
+    policy: Literal["IfNotCached", "Always", "Never"] = Field(
+        "IfNotCached", description="IfNotCached: compile on a miss; Always: recompile; Never: serving pods never "
+        "compile (a miss fails the pod).")
+
+
+class Autoscaling(_Spec):
+    model_config = ConfigDict(json_schema_extra=_rules((
+        "self.minReplicas <= self.maxReplicas", "autoscaling.minReplicas must be <= autoscaling.maxReplicas")))
+
+    min_replicas: int = Field(1, ge=1, le=1000, description="Fewest replicas (Neuron cold starts take minutes).")
+    max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
+    metric: Optional[str] = Field(
+        None, description="Per-pod metric the HPA averages; default the operator's (vllm:num_requests_waiting, "
+        "as prometheus-adapter exposes it).", max_length=253)
+    target_average_value: str = Field(
+        "4", description="Target average of the metric per pod (a quantity).", max_length=32,
+        pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G)?$")
+
+
+class Rollout(_Spec):
+    max_unavailable: Union[int, str] = Field(
+        0, description="Pods that may be unavailable during a rollout; 0 keeps serving capacity.",
+        json_schema_extra={"x-kubernetes-int-or-string": True})
+    max_surge: Union[int, str] = Field(
+        1, description="Extra pods during a rollout: they need spare NeuronCores; with none free, set maxSurge 0 "
+        "and maxUnavailable 1.", json_schema_extra={"x-kubernetes-int-or-string": True})
+
+
+class Server(_Spec):
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the OpenAI-compatible server.")
+    api_key_secret_ref: Optional[SecretKeyRef] = Field(
+        None, description="Secret holding the bearer token required on /v1/* (never in the ConfigMap).")
+
+
+class Toleration(_Spec):
+    key: Optional[str] = Field(None, max_length=253, description="Taint key; empty with operator Exists matches all.")
+    operator: Optional[Literal["Exists", "Equal"]] = Field(None, description="Exists or Equal (default).")
+    value: Optional[str] = Field(None, max_length=253, description="Taint value for operator Equal.")
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(None, description="Taint effect.")
+    toleration_seconds: Optional[int] = Field(None, description="How long a NoExecute taint is tolerated.")
+
+
+class Resources(_Spec):
+    requests: dict[str, Union[int, str]] = Field(
+        default_factory=dict, description="cpu, memory, ... requested by the runtime container.",
+        json_schema_extra={"additionalProperties": {"x-kubernetes-int-or-string": True}})
+    limits: dict[str, Union[int, str]] = Field(
+        default_factory=dict, description="Limits of the runtime container (Neuron resources are added).",
+        json_schema_extra={"additionalProperties": {"x-kubernetes-int-or-string": True}})
+
+
+_KNOWN_TYPES = ", ".join(f"'{name}'" for name in devices.INSTANCE_TYPES)
+_NEURON_PREFIX_CEL = " || ".join(f"self.instanceType.startsWith('{p}')" for p in devices.NEURON_PREFIXES)
+
+
+def _tp_rules() -> list[tuple[str, str]]:
+    """Per family: TP per node must be a degree NxDI supports that fits on the instance type."""
+    per_node = "(self.parallelism.tensorParallelDegree / self.parallelism.nodes)"
+    lnc = "(has(self.parallelism.logicalCoreConfig) ? self.parallelism.logicalCoreConfig : {default})"
+    rules = []
+    for family in devices.FAMILIES.values():
+        types = [t for t in devices.INSTANCE_TYPES.values() if t.family is family]
+        prefixes = sorted({t.name.split(".")[0] + "." for t in types})
+        applies = " || ".join(f"self.instanceType.startsWith('{p}')" for p in prefixes)
+        for choice in family.lnc_choices:
+            cores = "{" + ", ".join(f"'{t.name}': {t.cores(choice)}" for t in types) + "}"
+            legal = list(family.legal_tp[choice])
+            when = f"({applies})" if len(family.lnc_choices) == 1 else \
+                f"({applies}) && {lnc.format(default=family.default_lnc)} == {choice}"
+            lnc_text = "" if len(family.lnc_choices) == 1 else f" at logicalCoreConfig {choice}"
+            rules.append((
+                f"!has(self.instanceType) || !(self.instanceType in {cores}) || !({when}) || "
+                f"({per_node} in {legal} && {per_node} <= {cores}[self.instanceType])",
+                f"on {family.name}{lnc_text} tensorParallelDegree / nodes (NeuronCores per node) must be one of "
+                f"{legal} and at most the instance type's NeuronCores; pick another TP degree, nodes or instanceType"))
+    return rules
+
+
+class NeuronModelSpec(_Spec):
+    """What a user asks for. Everything has a default except model.source and the replica count."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        ("has(self.replicas) != has(self.autoscaling)",
+         "set exactly one of spec.replicas (a fixed count) or spec.autoscaling (an HPA on the queue depth)"),
+        (f"!has(self.instanceType) || !({_NEURON_PREFIX_CEL}) || self.instanceType in [{_KNOWN_TYPES}]",
+         f"instanceType is not a Neuron instance type this operator knows: use one of {_KNOWN_TYPES.replace(chr(39), '')}"),
+        (f"!has(self.instanceType) || self.framework == 'torch' || self.framework == 'auto' || ({_NEURON_PREFIX_CEL})",
+         "framework nxdi and tnx run on Neuron instances: set instanceType to an inf2, trn1 or trn2 type, or "
+         "framework torch for the CPU reference runner"),
+        ("self.framework != 'tnx' || !has(self.instanceType) || !self.instanceType.startsWith('trn2')",
+         "transformers-neuronx (framework tnx) never supported trn2: use framework nxdi (or auto)"),
+        ("!has(self.parallelism.logicalCoreConfig) || (has(self.instanceType) && "
+         "self.instanceType.startsWith('trn2'))",
+         "parallelism.logicalCoreConfig applies to trn2 only: remove it or set a trn2 instanceType"),
+        *_tp_rules(),
+    ))
+
+    model: ModelSpec = Field(description="The model to serve.")
+    framework: Literal["auto", "nxdi", "tnx", "torch"] = Field(
+        "auto", description="auto (NxDI if the image has it, else TNx) | nxdi | tnx (end of support upstream) | "
+        "torch (the PyTorch reference runner, CPU).")
+    parallelism: Parallelism = Field(default_factory=Parallelism, description="Tensor parallelism.")
+    batching: Batching = Field(default_factory=Batching, description="Compiled batch and sequence shapes.")
+    sampling: Sampling = Field(default_factory=Sampling, description="On-device sampling.")
+    speculation: Speculation = Field(default_factory=Speculation, description="Speculative decoding.")
+    compile_cache: CompileCache = Field(default_factory=CompileCache, description="Compiled-artifact cache.")
+    replicas: Optional[int] = Field(None, ge=0, le=1000, description="Serving replicas (groups when nodes > 1); "
+                                    "exclusive with autoscaling.")
+    autoscaling: Optional[Autoscaling] = Field(None, description="An HPA on a per-pod queue metric; exclusive "
+                                               "with replicas.")
+    rollout: Rollout = Field(default_factory=Rollout, description="How pods are replaced on a change.")
+    instance_type: Optional[str] = Field(
+        None, description="EC2 instance type the pods run on (node.kubernetes.io/instance-type), e.g. inf2.xlarge; "
+        "unset: the smallest Neuron instance that holds the TP degree.", max_length=63)
+    neuron_resource: devices.NeuronResource = Field(
+        "neuroncore", description="neuroncore: request aws.amazon.com/neuroncore = TP/nodes; neuron: request "
+        "whole aws.amazon.com/neuron devices.")
+    resources: Resources = Field(default_factory=Resources, description="cpu/memory of the runtime container.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels the pods require.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32,
+                                          description="Extra tolerations (aws.amazon.com/neuron is always tolerated "
+                                          "on Neuron instances).")
+    scheduler_name: Optional[str] = Field(None, max_length=253, description="e.g. the Neuron scheduler extension "
+                                          "(my-scheduler), needed for contiguous cores on partial nodes.")
+    image: Optional[str] = Field(None, max_length=1024, description="Runtime image; default the operator's.")
+    service_account_name: Optional[str] = Field(None, max_length=253, description="Pods' ServiceAccount (IRSA / "
+                                                "Pod Identity for s3:// sources and caches).")
+    server: Server = Field(default_factory=Server, description="The OpenAI-compatible HTTP server.")
+
+    def replica_count(self) -> int:
+        """Fixed replicas, or the autoscaler's minimum as the starting point."""
+        if self.replicas is not None:
+            return self.replicas
+        return self.autoscaling.min_replicas if self.autoscaling else 1
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot serve; the message names the field and the fix."""
+
+
+def parse_spec(spec: Mapping[str, Any]) -> NeuronModelSpec:
+    """The typed spec of a NeuronModel body's `spec`, or SpecError naming every bad field."""
+    try:
+        return NeuronModelSpec.model_validate(dict(spec))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = "spec." + ".".join(str(p) for p in err["loc"]) if err["loc"] else "spec"
+            message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+            problems.append(f"{where}: {message}")
+        raise SpecError("; ".join(problems)) from None

@@ -1,0 +1,143 @@
+"""Neuron instance types: devices, NeuronCores, HBM, legal tensor-parallel degrees, and what a pod requests.
+
+Sources (see ../shared/research/neuron-apis.md §4.2-4.3 and operator-anchors.md §4):
+- device and core counts, device memory: the AWS instance pages for Inf2, Trn1 and Trn2 as tabulated in
+  neuron-apis.md §4.3; trn2.3xlarge (1 Trainium2 chip, 8 physical NeuronCore-v3, 96 GiB) from the Trn2 page
+  and the Neuron DRA driver's node affinity list;
+- legal TP degrees: NxDI's TP guidance (docs 2.23): "Trn2: 1,2,4,8,16,32,64 (LNC2); Inf2: 1,2,4,8,24;
+  Trn1: 1,2,8,16,32"; trn1's 2D torus takes only 1, 4, 8 or 16 devices (the Neuron scheduler extension's
+  rule), which is the same list in cores. Trn2 at LNC=1 doubles the logical cores: 1..128;
+- HBM per core: 16 GiB per NeuronCore-v2 (inf2, trn1), 24 GiB per logical NeuronCore-v3 at LNC=2 (96 GiB per
+  chip over 4 logical cores);
+- resources: the Neuron device plugin registers `aws.amazon.com/neuroncore` (logical cores, as the node's LNC
+  sets them) and `aws.amazon.com/neuron` (whole devices); `neurondevice` was removed in Neuron 2.20.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+NEURONCORE_RESOURCE = "aws.amazon.com/neuroncore"
+NEURON_DEVICE_RESOURCE = "aws.amazon.com/neuron"
+NEURON_TAINT_KEY = "aws.amazon.com/neuron"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+NeuronResource = Literal["neuroncore", "neuron"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """An instance family: one NeuronCore generation, one topology rule."""
+
+    name: str  # "inf2", "trn1", "trn2"
+    core_version: str  # "NeuronCore-v2" / "NeuronCore-v3"
+    hbm_gib_per_device: int  # device (chip) memory
+    physical_cores_per_device: int
+    lnc_choices: tuple[int, ...]  # logical NeuronCore configs (NEURON_LOGICAL_NC_CONFIG); (1,) where fixed
+    default_lnc: int
+    legal_tp: dict[int, tuple[int, ...]]  # lnc -> TP degrees per node NxDI supports
+    transformers_neuronx: bool  # TNx ever supported this family (it never ran on trn2)
+
+    def cores_per_device(self, lnc: int) -> int:
+        return self.physical_cores_per_device // lnc
+
+    def hbm_gib_per_core(self, lnc: int) -> float:
+        return self.hbm_gib_per_device / self.cores_per_device(lnc)
+
+
+FAMILIES = {
+    "inf2": Family("inf2", "NeuronCore-v2", 32, 2, (1,), 1, {1: (1, 2, 4, 8, 24)}, True),
+    "trn1": Family("trn1", "NeuronCore-v2", 32, 2, (1,), 1, {1: (1, 2, 8, 16, 32)}, True),
+    "trn2": Family("trn2", "NeuronCore-v3", 96, 8, (1, 2), 2,
+                   {2: (1, 2, 4, 8, 16, 32, 64), 1: (1, 2, 4, 8, 16, 32, 64, 128)}, False),
+}
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    family: Family
+    devices: int
+
+    def cores(self, lnc: int) -> int:
+        """Logical NeuronCores the device plugin advertises on this node at `lnc`."""
+        return self.devices * self.family.cores_per_device(lnc)
+
+
+def _types(family: str, *shapes: tuple[str, int]) -> dict[str, InstanceType]:
+    return {name: InstanceType(name, FAMILIES[family], devices) for name, devices in shapes}
+
+
+#: Every Neuron instance type the operator places pods on, smallest first within a family.
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    **_types("inf2", ("inf2.xlarge", 1), ("inf2.8xlarge", 1), ("inf2.24xlarge", 6), ("inf2.48xlarge", 12)),
+    **_types("trn1", ("trn1.2xlarge", 1), ("trn1.32xlarge", 16), ("trn1n.32xlarge", 16)),
+    **_types("trn2", ("trn2.3xlarge", 1), ("trn2.48xlarge", 16), ("trn2u.48xlarge", 16)),
+}
+
+#: Prefixes of instance types that are Neuron instances (a type with one of them must be in INSTANCE_TYPES).
+NEURON_PREFIXES = ("inf2.", "trn1.", "trn1n.", "trn2.", "trn2u.")
+
+
+def is_neuron_instance(instance_type: str) -> bool:
+    return instance_type.startswith(NEURON_PREFIXES)
+
+
+def lnc_of(instance: InstanceType, requested: Optional[int]) -> int:
+    return requested if requested is not None else instance.family.default_lnc
+
+
+def legal_tp_degrees(instance: InstanceType, lnc: int) -> tuple[int, ...]:
+    """TP degrees per node that NxDI supports and that fit on one such node."""
+    return tuple(tp for tp in instance.family.legal_tp[lnc] if tp <= instance.cores(lnc))
+
+
+def smallest_instance_for(cores_per_pod: int, framework: str) -> Optional[InstanceType]:
+    """The instance type with the fewest NeuronCores on which `cores_per_pod` is a legal TP degree, at the
+    family's default LNC; None when no Neuron instance holds it. TNx never ran on trn2, so it is skipped there."""
+    fits = [t for t in INSTANCE_TYPES.values()
+            if cores_per_pod in legal_tp_degrees(t, t.family.default_lnc)
+            and (framework != "tnx" or t.family.transformers_neuronx)]
+    return min(fits, key=lambda t: t.cores(t.family.default_lnc), default=None)
+
+
+@dataclass(frozen=True)
+class NeuronRequest:
+    """What one pod asks the device plugin for."""
+
+    resource: str  # NEURONCORE_RESOURCE or NEURON_DEVICE_RESOURCE
+    count: int
+    cores: int  # logical NeuronCores the pod gets
+    devices: int  # devices those cores span
+
+    def as_resources(self) -> dict[str, str]:
+        return {self.resource: str(self.count)}
+
+
+def neuron_request(instance: InstanceType, lnc: int, cores_per_pod: int, mode: NeuronResource) -> NeuronRequest:
+    """`aws.amazon.com/neuroncore` = the pod's share of TP, or whole `aws.amazon.com/neuron` devices covering it."""
+    devices = math.ceil(cores_per_pod / instance.family.cores_per_device(lnc))
+    if mode == "neuron":
+        return NeuronRequest(NEURON_DEVICE_RESOURCE, devices, devices * instance.family.cores_per_device(lnc), devices)
+    return NeuronRequest(NEURONCORE_RESOURCE, cores_per_pod, cores_per_pod, devices)
+
+
+#: Bytes per parameter of each dtype; `auto` serves bfloat16 on Neuron.
+DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
+#: Weights may use at most this share of HBM: the KV cache, activations and the runtime need the rest.
+WEIGHT_SHARE_OF_HBM = 0.9
+
+
+def fit_warning(parameters: float, dtype: str, instance: InstanceType, lnc: int, total_cores: int) -> Optional[str]:
+    """A message when the weights alone clearly do not fit the HBM of `total_cores`, else None."""
+    weights_gib = parameters * DTYPE_BYTES[dtype] / 2**30
+    dtype = "bfloat16" if dtype == "auto" else dtype
+    hbm_gib = total_cores * instance.family.hbm_gib_per_core(lnc)
+    if weights_gib <= WEIGHT_SHARE_OF_HBM * hbm_gib:
+        return None
+    needed = math.ceil(weights_gib / WEIGHT_SHARE_OF_HBM / instance.family.hbm_gib_per_core(lnc))
+    return (f"the weights ({weights_gib:.0f} GiB in {dtype}) do not fit {total_cores} NeuronCores x "
+            f"{instance.family.hbm_gib_per_core(lnc):.0f} GiB HBM on {instance.name} (with room for the KV cache); "
+            f"raise parallelism.tensorParallelDegree to at least {needed}, or use nodes > 1")
