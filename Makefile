@@ -64,3 +64,9 @@ cluster-down: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+## Regenerate the CRD (from operator/neuronmodel_operator/api.py) and the builders' golden manifests.
+.PHONY: generate
+generate: $(STAMP)
+	$(PY) -m neuronmodel_operator.crdgen
+	$(PY) tests/operator_tests/golden.py

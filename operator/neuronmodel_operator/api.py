@@ -290,6 +290,57 @@ class NeuronModelSpec(_Spec):
         return self.autoscaling.min_replicas if self.autoscaling else 1
 
 
+Phase = Literal["Pending", "Compiling", "Loading", "Ready", "Degraded", "Failed"]
+ConditionType = Literal["ArtifactsReady", "Available", "Progressing", "Ready"]
+CONDITION_TYPES: tuple[str, ...] = ("ArtifactsReady", "Available", "Progressing", "Ready")
+
+
+class Condition(_Spec):
+    """A metav1.Condition-shaped condition."""
+
+    type: ConditionType = Field(description="ArtifactsReady | Available | Progressing | Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason, e.g. Compiled, CompileFailed, Unschedulable.", max_length=1024)
+    message: str = Field("", description="What happened and, for a problem, how to fix it.", max_length=32768)
+    last_transition_time: Optional[str] = Field(None, description="When status last changed (RFC 3339).")
+    observed_generation: Optional[int] = Field(None, description="The spec generation this condition is about.")
+
+
+class ResolvedStatus(_Spec):
+    """What the operator decided for the spec (what "auto" and defaults became)."""
+
+    framework: Optional[str] = Field(None, description="Framework the pods run (auto: the image decides).")
+    instance_type: Optional[str] = Field(None, description="Instance type the pods are placed on.")
+    instance_family: Optional[str] = Field(None, description="inf2, trn1 or trn2.")
+    logical_core_config: Optional[int] = Field(None, description="trn2's logical NeuronCore config.")
+    neuron_cores_per_pod: Optional[int] = Field(None, description="NeuronCores each pod gets.")
+    neuron_devices_per_pod: Optional[int] = Field(None, description="Neuron devices those cores span.")
+    image: Optional[str] = Field(None, description="Runtime image.")
+    compile_key: Optional[str] = Field(None, description="sha256 of everything that changes the compiled graphs.")
+
+
+class Timings(_Spec):
+    compile_seconds: Optional[float] = Field(None, description="Compile Job start to completion.")
+    load_seconds: Optional[float] = Field(None, description="Serving pod start to its first Ready (slowest pod).")
+    time_to_ready_seconds: Optional[float] = Field(None, description="Spec change (or creation) to Ready.")
+
+
+class NeuronModelStatus(_Spec):
+    phase: Optional[Phase] = Field(None, description="Pending, Compiling, Loading, Ready, Degraded or Failed.")
+    conditions: list[Condition] = Field(default_factory=list, description="ArtifactsReady, Available, "
+                                        "Progressing, Ready.")
+    replicas: Optional[int] = Field(None, description="Serving pods (groups when nodes > 1), ready or not: the "
+                                    "scale subresource reads this.")
+    ready_replicas: Optional[int] = Field(None, description="Serving pods (groups) that are ready.")
+    ready: Optional[str] = Field(None, description="readyReplicas/desired, for kubectl get.")
+    selector: Optional[str] = Field(None, description="Label selector of the serving pods (scale subresource).")
+    endpoint: Optional[str] = Field(None, description="In-cluster URL of the OpenAI-compatible API.")
+    resolved: Optional[ResolvedStatus] = Field(None, description="What the operator resolved the spec to.")
+    timings: Optional[Timings] = Field(None, description="Compile, load and time to ready, in seconds.")
+    warnings: list[str] = Field(default_factory=list, description="Problems that do not stop the rollout.")
+    observed_generation: Optional[int] = Field(None, description="The spec generation last reconciled.")
+
+
 class SpecError(ValueError):
     """A spec the operator cannot serve; the message names the field and the fix."""
 
