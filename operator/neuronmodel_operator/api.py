@@ -48,6 +48,9 @@ DEFAULT_RUNTIME_IMAGE = "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0"
 DEFAULT_HPA_METRIC = "vllm:num_requests_waiting"  # as prometheus-adapter exposes vLLM's metric
 
 SERVER_PORT_NAME = "http"
+#: Longest NeuronModel name: children append suffixes (`-compile-<key>`, pod hashes) and Services need DNS-1035.
+MAX_NAME_LENGTH = 40
+NAME_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 # Shapes CEL checks against (kept short: CEL's cost budget grows with string lengths).
 _SOURCE_RE = (r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?"
