@@ -1,0 +1,91 @@
+"""`neuronmodel-operator`: runs kopf with our handlers. Every flag has an environment variable (the chart sets those).
+
+    neuronmodel-operator [-n NS ...] [--liveness URL] [--log-format text|json] [--peering NAME] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+from typing import Optional, Sequence
+
+import kopf
+
+from neuronmodel_operator import api, handlers
+from neuronmodel_operator.k8s import Kube, connect
+from neuronmodel_operator.reconcile import Reconcile
+from neuronmodel_operator.resolve import OperatorDefaults
+
+ENV = "NEURONMODEL_OPERATOR_"
+
+
+def _env(name: str, default: Optional[str] = None) -> Optional[str]:
+    return os.environ.get(ENV + name, default)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="neuronmodel-operator", description="Reconcile NeuronModels into serving pods.")
+    p.add_argument("-n", "--namespace", action="append", dest="namespaces",
+                   default=[n for n in (_env("NAMESPACES") or "").split(",") if n],
+                   help="watch this namespace (repeatable; env NEURONMODEL_OPERATOR_NAMESPACES, comma-separated); "
+                   "none: all namespaces (needs a ClusterRole)")
+    p.add_argument("--liveness", default=_env("LIVENESS", "http://0.0.0.0:8080/healthz"),
+                   help="kopf's liveness endpoint URL, '' for none (env NEURONMODEL_OPERATOR_LIVENESS)")
+    p.add_argument("--log-format", choices=("text", "json", "full"), default=_env("LOG_FORMAT", "text"),
+                   help="text | json (one JSON object per line) | full (env NEURONMODEL_OPERATOR_LOG_FORMAT)")
+    p.add_argument("--verbose", action="store_true", default=_env("VERBOSE", "") in ("1", "true"),
+                   help="log each reconcile step (env NEURONMODEL_OPERATOR_VERBOSE)")
+    p.add_argument("--peering", default=_env("PEERING", ""),
+                   help="kopf peering object name for several replicas; '' = standalone, the default for one "
+                   "replica (env NEURONMODEL_OPERATOR_PEERING)")
+    p.add_argument("--priority", type=int, default=int(_env("PRIORITY", "0")),
+                   help="peering priority; give each replica a different one (env NEURONMODEL_OPERATOR_PRIORITY)")
+    p.add_argument("--runtime-image", default=os.environ.get(api.ENV_RUNTIME_IMAGE, api.DEFAULT_RUNTIME_IMAGE),
+                   help=f"runtime image of specs without spec.image (env {api.ENV_RUNTIME_IMAGE})")
+    p.add_argument("--hpa-metric", default=os.environ.get(api.ENV_HPA_METRIC, api.DEFAULT_HPA_METRIC),
+                   help=f"queue metric of HPAs without spec.autoscaling.metric (env {api.ENV_HPA_METRIC})")
+    p.add_argument("--workers", type=int, default=int(_env("WORKERS", "8")),
+                   help="reconciles running at once (env NEURONMODEL_OPERATOR_WORKERS)")
+    p.add_argument("--watch-timeout-s", type=float, default=float(_env("WATCH_TIMEOUT_S", "300")),
+                   help="restart a watch that saw nothing this long (env NEURONMODEL_OPERATOR_WATCH_TIMEOUT_S)")
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                   help="kubeconfig outside a cluster (env KUBECONFIG); in a pod the ServiceAccount is used")
+    return p
+
+
+def memo(args: argparse.Namespace) -> SimpleNamespace:
+    """What every handler receives as `memo`: the reconciler and its thread pool."""
+    kube = Kube(connect(args.kubeconfig, pool_size=args.workers * 2))
+    defaults = OperatorDefaults(image=args.runtime_image, hpa_metric=args.hpa_metric)
+    executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
+    return SimpleNamespace(reconciler=handlers.Reconciler(Reconcile(kube, defaults), executor))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    log_format = {"text": kopf.LogFormat.PLAIN, "json": kopf.LogFormat.JSON, "full": kopf.LogFormat.FULL}
+    kopf.configure(verbose=args.verbose, log_format=log_format[args.log_format], log_prefix=False)
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)  # its debug logs carry request bodies
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings, client_timeout_s=args.watch_timeout_s)
+    try:
+        asyncio.run(kopf.operator(
+            registry=handlers.registry, settings=settings, memo=memo(args),
+            standalone=not args.peering, peering_name=args.peering or None, priority=args.priority,
+            clusterwide=not args.namespaces, namespaces=args.namespaces,
+            liveness_endpoint=args.liveness or None))
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - a start-up failure is one line, like the runtime's
+        print(f"neuronmodel-operator: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The only module that talks to the Kubernetes API: server-side apply, get, list, delete, status, events.
+
+Objects travel as plain camelCase dicts (what the builders make and the API returns): no model classes, so a
+reconcile costs what its HTTP requests cost. Children are applied with server-side apply under the field manager
+`neuronmodel-operator`, forcing conflicts: the operator owns the fields it sets, and a hand edit of one of them is
+undone by the next apply. The official client is synchronous; `Kube` is used from worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Optional
+from urllib.parse import quote
+
+import kubernetes
+
+from neuronmodel_operator import api
+
+
+@dataclass(frozen=True)
+class Kind:
+    prefix: str  # "/api/v1" or "/apis/<group>/<version>"
+    plural: str
+
+
+#: Every kind the operator reads or writes.
+KINDS = {
+    "ConfigMap": Kind("/api/v1", "configmaps"),
+    "Service": Kind("/api/v1", "services"),
+    "Pod": Kind("/api/v1", "pods"),
+    "Event": Kind("/api/v1", "events"),
+    "Deployment": Kind("/apis/apps/v1", "deployments"),
+    "Job": Kind("/apis/batch/v1", "jobs"),
+    "PodDisruptionBudget": Kind("/apis/policy/v1", "poddisruptionbudgets"),
+    "HorizontalPodAutoscaler": Kind("/apis/autoscaling/v2", "horizontalpodautoscalers"),
+    "LeaderWorkerSet": Kind("/apis/leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
+    api.KIND: Kind(f"/apis/{api.API_VERSION}", api.PLURAL),
+}
+
+
+class ApiError(Exception):
+    """A failed API call: `status` is the HTTP status (0 for a network error), `message` the server's reason."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+    @property
+    def retryable(self) -> bool:
+        """Conflicts, throttling, server errors and the network heal by themselves; 4xx validation does not."""
+        return self.status in (0, 409, 429) or self.status >= 500
+
+
+def connect(kubeconfig: Optional[str] = None, pool_size: int = 16) -> kubernetes.client.ApiClient:
+    """A client from the in-cluster ServiceAccount, else from KUBECONFIG / ~/.kube/config (or `kubeconfig`)."""
+    configuration = kubernetes.client.Configuration()
+    try:
+        if kubeconfig:
+            raise kubernetes.config.ConfigException("explicit kubeconfig")
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return kubernetes.client.ApiClient(configuration)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Kube:
+    def __init__(self, client: kubernetes.client.ApiClient, field_manager: str = api.FIELD_MANAGER,
+                 timeout_s: float = 30.0):
+        self._client = client
+        self._field_manager = field_manager
+        self._timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, query: Optional[dict] = None, body: Any = None,
+              content_type: str = "application/json") -> Optional[dict]:
+        """One request; the decoded JSON body, None for 404, ApiError for anything else that failed."""
+        url = self._client.configuration.host + path
+        if query:
+            url += "?" + "&".join(f"{key}={quote(str(value), safe='')}" for key, value in query.items())
+        headers = {"Accept": "application/json", "Content-Type": content_type,
+                   "User-Agent": api.OPERATOR_NAME}
+        self._client.update_params_for_auth(headers, None, ["BearerToken"], path, method, body)
+        try:
+            response = self._client.call_api(method, url, header_params=headers, body=body,
+                                             _request_timeout=self._timeout_s)
+            response.read()
+        except kubernetes.client.exceptions.ApiException as exc:  # the client's network errors
+            raise ApiError(exc.status or 0, str(exc.reason)) from None
+        except OSError as exc:
+            raise ApiError(0, str(exc)) from None
+        if response.status == 404:
+            return None
+        data = json.loads(response.data) if response.data else {}
+        if response.status >= 300:
+            raise ApiError(response.status, data.get("message", response.reason) if isinstance(data, dict)
+                           else str(data))
+        return data
+
+    @staticmethod
+    def _path(kind: str, namespace: str, name: Optional[str] = None, sub: Optional[str] = None) -> str:
+        spec = KINDS[kind]
+        path = f"{spec.prefix}/namespaces/{namespace}/{spec.plural}"
+        if name:
+            path += f"/{name}"
+        if sub:
+            path += f"/{sub}"
+        return path
+
+    def apply(self, manifest: dict) -> dict:
+        """Server-side apply `manifest` (force: our fields are ours); the object as stored, with its status."""
+        meta = manifest["metadata"]
+        path = self._path(manifest["kind"], meta["namespace"], meta["name"])
+        return self._call("PATCH", path, {"fieldManager": self._field_manager, "force": "true"}, manifest,
+                          content_type="application/apply-patch+yaml")
+
+    def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
+        return self._call("GET", self._path(kind, namespace, name))
+
+    def list(self, kind: str, namespace: str, selector: str) -> list[dict]:
+        found = self._call("GET", self._path(kind, namespace), {"labelSelector": selector})
+        return found["items"] if found else []
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete, letting the garbage collector remove what it owns in the background; gone already is fine."""
+        self._call("DELETE", self._path(kind, namespace, name), body={"propagationPolicy": "Background"})
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> Optional[dict]:
+        """Merge-patch the NeuronModel's status subresource (None when the object is gone)."""
+        return self._call("PATCH", self._path(api.KIND, namespace, name, "status"), body={"status": status},
+                          content_type="application/merge-patch+json")
+
+    def event(self, owner: dict, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on `owner` (the NeuronModel), as `kubectl describe nm` shows it."""
+        meta = owner["metadata"]
+        stamp = now_rfc3339()
+        self._call("POST", self._path("Event", meta["namespace"]), body={
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": api.OPERATOR_NAME}, "reportingComponent": api.OPERATOR_NAME,
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1})

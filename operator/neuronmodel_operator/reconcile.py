@@ -1,0 +1,154 @@
+"""One level-based reconcile of one NeuronModel: read it, build what should exist, apply it, write the status.
+
+Synchronous (it runs on a worker thread; `handlers.py` serialises runs per object). Idempotent: running it
+twice, or after a crash halfway, converges on the same children (names are deterministic, server-side apply).
+
+Compile gating: when the spec needs a compile Job and the Job has not succeeded yet, the serving workload keeps
+running the spec it runs now (read back from its `served-spec` annotation), with only the replica count taken
+from the new spec; a NeuronModel that has never served gets its Service only. The workload rolls once the Job
+succeeds. A spec change that keeps the compile key rolls at once, or not at all when the pod template is unchanged
+(replicas, say).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Optional
+
+from neuronmodel_operator import api, builders, status
+from neuronmodel_operator.builders.common import Target, selector_string
+from neuronmodel_operator.builders.service import endpoint
+from neuronmodel_operator.k8s import ApiError, Kube
+from neuronmodel_operator.resolve import OperatorDefaults, Resolved, resolve
+
+log = logging.getLogger(__name__)
+
+#: Kinds of children, each listed by label when stale ones must go (a model switched to multi-node, a PDB no
+#: longer needed, the compile Job of an old key).
+CHILD_KINDS = ("ConfigMap", "Job", "Deployment", "LeaderWorkerSet", "Service", "PodDisruptionBudget",
+               "HorizontalPodAutoscaler")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    spec_error: Optional[str] = None  # the spec cannot be served: no retry until it changes
+    gone: bool = False  # the NeuronModel no longer exists (or is being deleted)
+    held: bool = False  # the rollout waits for the compile Job
+
+
+def _time(stamp: str) -> datetime:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def _succeeded(job: Optional[dict]) -> bool:
+    conditions = (job or {}).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Complete" and c["status"] == "True" for c in conditions)
+
+
+def _served_target(workload: Optional[dict], target: Target, defaults: OperatorDefaults) -> Optional[Target]:
+    """The target the workload serves now, when it differs in compile key from `target`; replicas from `target`."""
+    annotations = ((workload or {}).get("metadata") or {}).get("annotations") or {}
+    served = annotations.get(api.ANNOTATION_SERVED_SPEC)
+    if served is None:
+        return None
+    try:
+        spec = api.parse_spec(json.loads(served))
+        resolved = resolve(spec, defaults)
+    except (ValueError, api.SpecError):
+        return None  # an annotation we cannot read is not worth holding a rollout for
+    if resolved.compile_key == target.resolved.compile_key:
+        return None
+    spec = spec.model_copy(update={"replicas": target.spec.replicas, "autoscaling": target.spec.autoscaling})
+    return replace(target, spec=spec, resolved=replace(resolved, compile_job=target.resolved.compile_job))
+
+
+class Reconcile:
+    """Applies desired state for one object per call; `defaults` fill what specs leave unset."""
+
+    def __init__(self, kube: Kube, defaults: OperatorDefaults):
+        self.kube = kube
+        self.defaults = defaults
+
+    def __call__(self, namespace: str, name: str, cleanup: bool) -> Outcome:
+        body = self.kube.get(api.KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return Outcome(gone=True)  # children go with it through their ownerReferences
+        meta = body["metadata"]
+        try:
+            spec = api.parse_spec(body.get("spec") or {})
+            resolved = resolve(spec, self.defaults)
+        except api.SpecError as exc:
+            self._write_status(body, None, None, str(exc), None, None, [], held=False)
+            return Outcome(spec_error=str(exc))
+        target = Target(name, namespace, meta["uid"], spec, resolved)
+        try:
+            return self._apply(body, target, cleanup)
+        except ApiError as exc:
+            if exc.retryable:
+                raise
+            message = f"the API server refused a child of this NeuronModel: {exc.message}"
+            self._write_status(body, resolved, target, message, None, None, [], held=False)
+            return Outcome(spec_error=message)
+
+    def _apply(self, body: dict, target: Target, cleanup: bool) -> Outcome:
+        job = None
+        for manifest in builders.compile_children(target):
+            applied = self.kube.apply(manifest)
+            if manifest["kind"] == "Job":
+                job = applied
+        workload_kind = "LeaderWorkerSet" if target.spec.parallelism.nodes > 1 else "Deployment"
+        serving: Optional[Target] = target
+        held = False
+        if target.resolved.compile_job and not _succeeded(job):
+            existing = self.kube.get(workload_kind, target.namespace, target.name)
+            previous = _served_target(existing, target, self.defaults)
+            if previous is not None:
+                serving, held = previous, True
+            elif existing is None:
+                serving = None  # never served: nothing to run until the artifacts exist
+        desired = builders.serving_children(serving) if serving else \
+            [m for m in builders.serving_children(target) if m["kind"] == "Service"]
+        workload = None
+        for manifest in desired:
+            applied = self.kube.apply(manifest)
+            if manifest["kind"] == workload_kind:
+                workload = applied
+        if cleanup or not held:
+            keep = {(m["kind"], m["metadata"]["name"]) for m in desired + builders.compile_children(target)}
+            self._delete_stale(target, keep, full=cleanup)
+        pods = self.kube.list("Pod", target.namespace, selector_string(target)) if workload else []
+        self._write_status(body, target.resolved, target, None, workload, job, pods, held)
+        return Outcome(held=held)
+
+    def _delete_stale(self, target: Target, keep: set, full: bool) -> None:
+        """Children with our label that the current spec does not want. Without `full`, only compile leftovers."""
+        selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
+        for kind in CHILD_KINDS if full else ("Job", "ConfigMap"):
+            for child in self.kube.list(kind, target.namespace, selector):
+                meta = child["metadata"]
+                owned = any(ref.get("uid") == target.uid for ref in meta.get("ownerReferences") or [])
+                if owned and (kind, meta["name"]) not in keep:
+                    log.info("deleting stale %s %s/%s", kind, target.namespace, meta["name"])
+                    self.kube.delete(kind, target.namespace, meta["name"])
+
+    def _write_status(self, body: dict, resolved: Optional[Resolved], target: Optional[Target],
+                      spec_error: Optional[str], workload: Optional[dict], job: Optional[dict], pods: list,
+                      held: bool) -> None:
+        meta = body["metadata"]
+        previous = body.get("status") or {}
+        spec_replicas = (body.get("spec") or {}).get("replicas")
+        observed = status.Observed(
+            generation=meta.get("generation", 1), created=_time(meta["creationTimestamp"]), previous=previous,
+            resolved=resolved, spec_error=spec_error,
+            desired_replicas=target.spec.replica_count() if target else (spec_replicas or 0),
+            workload=workload, compile_job=job, compile_required=bool(resolved and resolved.compile_job),
+            rollout_held=held, pods=pods, endpoint=endpoint(target) if target else "",
+            selector=selector_string(target) if target else "", now=datetime.now(timezone.utc))
+        current = status.status(observed)
+        if current != previous:
+            self.kube.patch_status(meta["namespace"], meta["name"], current)
+        for type_, reason, message in status.events(previous, current):
+            self.kube.event(body, type_, reason, message)
