@@ -1,0 +1,420 @@
+"""status.py: phase, conditions, timings and Events from observed children (camelCase dicts as the API returns)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from neuronmodel_operator import api
+from neuronmodel_operator.resolve import Resolved
+from neuronmodel_operator.status import Observed, events, merge_patch, status
+
+T0 = datetime(2026, 1, 2, 3, 0, 0, tzinfo=timezone.utc)  # the NeuronModel's creationTimestamp
+ENDPOINT = "http://llama.team.svc.cluster.local:8000"
+SELECTOR = "app.kubernetes.io/component=server,neuronmodel.dev/name=llama"
+UNSCHEDULABLE = "0/5 nodes are available: 5 Insufficient aws.amazon.com/neuroncore."
+RESOLVED = Resolved("nxdi", "inf2.8xlarge", "inf2", None, 2, 1, {"aws.amazon.com/neuroncore": "2"},
+                    "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0", "k" * 64, False, ())
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def stamp(minutes: float) -> str:
+    return at(minutes).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- factories: objects shaped as the API server returns them ------------------------------------------------
+
+def deployment(desired=3, ready=0, total=None, available=None, updated=None, generation=1, observed_generation=1,
+               conditions=(), kind="Deployment") -> dict:
+    state = {"observedGeneration": observed_generation, "replicas": desired if total is None else total,
+             "readyReplicas": ready, "availableReplicas": ready if available is None else available,
+             "updatedReplicas": desired if updated is None else updated, "conditions": list(conditions)}
+    if kind == "LeaderWorkerSet":
+        del state["availableReplicas"], state["observedGeneration"]
+    return {"apiVersion": "apps/v1", "kind": kind,
+            "metadata": {"name": "llama", "namespace": "team", "generation": generation},
+            "spec": {"replicas": desired}, "status": {k: v for k, v in state.items() if v != 0}}
+
+
+def job(active=0, failed=0, start=None, completion=None, conditions=(), backoff_limit=4) -> dict:
+    state = {"active": active, "failed": failed, "startTime": start, "completionTime": completion,
+             "conditions": list(conditions)}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "llama-compile-abc123", "namespace": "team"},
+            "spec": {"backoffLimit": backoff_limit}, "status": {k: v for k, v in state.items() if v}}
+
+
+def compiled_job(start=1, end=15) -> dict:
+    done = [{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}]
+    return job(start=stamp(start), completion=stamp(end), conditions=done)
+
+
+def failed_job() -> dict:
+    return job(failed=5, start=stamp(1), conditions=[
+        {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
+         "message": "Job has reached the specified backoff limit"},
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+         "message": "Job has reached the specified backoff limit"}])
+
+
+def pod(name="llama-0", scheduled=True, ready=False, start=20, ready_at=None, refused=None, waiting=None,
+        deleting=False) -> dict:
+    conditions = []
+    if refused:
+        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": refused,
+                           "lastTransitionTime": stamp(start)})
+    elif scheduled:
+        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(start)})
+    if scheduled and not refused:
+        conditions.append({"type": "Ready", "status": "True" if ready else "False",
+                           "lastTransitionTime": stamp(ready_at if ready else start)})
+    state = {"phase": "Running" if scheduled and not refused else "Pending", "conditions": conditions}
+    if scheduled and not refused:
+        state["startTime"] = stamp(start)
+    if waiting:
+        state["containerStatuses"] = [{"name": "runtime", "ready": False, "state": {"waiting": waiting}}]
+    metadata = {"name": name, "namespace": "team"}
+    if deleting:
+        metadata["deletionTimestamp"] = stamp(start)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "status": state}
+
+
+def observe(**overrides) -> Observed:
+    base = dict(generation=1, created=T0, previous={}, resolved=RESOLVED, spec_error=None, desired_replicas=3,
+                workload=None, compile_job=None, compile_required=False, rollout_held=False, pods=(),
+                endpoint=ENDPOINT, selector=SELECTOR, now=at(30))
+    return Observed(**{**base, **overrides})
+
+
+def run(observed: Observed) -> dict:
+    """status() of `observed`, checked against the CRD's status type."""
+    current = status(observed)
+    api.NeuronModelStatus.model_validate(current)
+    return current
+
+
+def cond(current: dict, type_: str) -> dict:
+    return next(c for c in current["conditions"] if c["type"] == type_)
+
+
+def ready_pods(n=3, start=20, ready_at=25) -> list[dict]:
+    return [pod(f"llama-{i}", ready=True, start=start, ready_at=ready_at) for i in range(n)]
+
+
+def ready_observation(**overrides) -> Observed:
+    return observe(workload=deployment(ready=3), pods=ready_pods(), **overrides)
+
+
+# --- phases --------------------------------------------------------------------------------------------------
+
+def test_invalid_spec_is_failed_with_the_spec_error():
+    message = "spec.parallelism: no Neuron instance type holds 48 NeuronCores per node"
+    current = run(observe(resolved=None, spec_error=message, desired_replicas=1))
+    assert current["phase"] == "Failed"
+    assert cond(current, "Ready") | {"lastTransitionTime": None} == {
+        "type": "Ready", "status": "False", "reason": "InvalidSpec", "message": message, "observedGeneration": 1,
+        "lastTransitionTime": None}
+    assert cond(current, "ArtifactsReady")["status"] == "Unknown"
+    assert cond(current, "Progressing")["reason"] == "InvalidSpec"
+    assert "resolved" not in current and current["warnings"] == []
+
+
+def test_compile_job_failed_is_failed_with_the_job_reason_and_a_logs_hint():
+    current = run(observe(compile_required=True, compile_job=failed_job()))
+    assert current["phase"] == "Failed"
+    artifacts = cond(current, "ArtifactsReady")
+    assert (artifacts["status"], artifacts["reason"]) == ("False", "CompileFailed")
+    assert "BackoffLimitExceeded: Job has reached the specified backoff limit" in artifacts["message"]
+    assert "kubectl logs -n team job/llama-compile-abc123" in artifacts["message"]
+    assert cond(current, "Ready")["reason"] == "CompileFailed"
+    assert (cond(current, "Progressing")["status"], cond(current, "Progressing")["reason"]) == ("False",
+                                                                                                "CompileFailed")
+
+
+@pytest.mark.parametrize("compile_job, words", [
+    (None, "creating the compile Job"),
+    (job(), "is waiting for its pod to start"),
+    (job(active=1, start=stamp(1)), "is compiling"),
+])
+def test_compiling_while_the_required_job_has_not_succeeded(compile_job, words):
+    current = run(observe(compile_required=True, compile_job=compile_job))
+    assert current["phase"] == "Compiling"
+    artifacts = cond(current, "ArtifactsReady")
+    assert (artifacts["status"], artifacts["reason"]) == ("False", "Compiling")
+    assert words in artifacts["message"] and "attempt" not in artifacts["message"]
+    assert cond(current, "Ready")["reason"] == "Compiling"
+    assert cond(current, "Progressing")["reason"] == "WaitingForArtifacts"  # nothing serves yet
+
+
+def test_compile_retries_show_the_attempt():
+    current = run(observe(compile_required=True, compile_job=job(active=1, failed=2, start=stamp(1))))
+    assert current["phase"] == "Compiling"
+    assert cond(current, "ArtifactsReady")["message"].endswith("retrying, attempt 3 of 5")
+
+
+def test_compiled_job_makes_artifacts_ready_and_records_compile_seconds():
+    current = run(observe(compile_required=True, compile_job=compiled_job(start=1, end=15)))
+    artifacts = cond(current, "ArtifactsReady")
+    assert (artifacts["status"], artifacts["reason"]) == ("True", "Compiled")
+    assert artifacts["message"] == "compiled by Job llama-compile-abc123 in 840s"
+    assert current["timings"]["compileSeconds"] == 840
+    assert current["phase"] == "Pending"  # next: the handler creates the workload
+
+
+@pytest.mark.parametrize("url, words", [(None, "without compileCache.url the pods compile in place"),
+                                        ("s3://cache/llama", "policy is Never, the pods load compiled artifacts "
+                                                             "from s3://cache/llama")])
+def test_no_compile_job_needed_says_why(url, words):
+    artifacts = cond(run(observe(compile_cache_url=url)), "ArtifactsReady")
+    assert (artifacts["status"], artifacts["reason"]) == ("True", "NotRequired")
+    assert words in artifacts["message"]
+
+
+def test_no_workload_yet_is_pending():
+    current = run(observe())
+    assert (current["phase"], cond(current, "Ready")["reason"]) == ("Pending", "Creating")
+    assert (current["replicas"], current["readyReplicas"], current["ready"]) == (0, 0, "0/3")
+    assert cond(current, "Available")["reason"] == "NoReplicasAvailable"
+    assert cond(current, "Progressing")["reason"] == "Creating"
+
+
+def test_workload_without_pods_shows_its_replica_failure():
+    failure = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+               "message": 'pods "llama-7d9" is forbidden: exceeded quota: neuron'}
+    current = run(observe(workload=deployment(conditions=[failure])))
+    assert (current["phase"], cond(current, "Ready")["reason"]) == ("Pending", "Creating")
+    assert "exceeded quota: neuron" in cond(current, "Ready")["message"]
+
+
+def test_scaled_to_zero_is_pending():
+    current = run(observe(desired_replicas=0, workload=deployment(desired=0)))
+    assert (current["phase"], cond(current, "Ready")["reason"]) == ("Pending", "ScaledToZero")
+    assert current["ready"] == "0/0"
+
+
+def test_unschedulable_pods_surface_the_scheduler_message():
+    pods = [pod(f"llama-{i}", scheduled=False, refused=UNSCHEDULABLE) for i in range(3)]
+    current = run(observe(workload=deployment(), pods=pods))
+    ready = cond(current, "Ready")
+    assert (current["phase"], ready["reason"]) == ("Pending", "Unschedulable")
+    assert ready["message"] == f"3 serving pod(s) cannot be scheduled: {UNSCHEDULABLE}"
+
+
+def test_pods_not_scheduled_yet_are_pending():
+    current = run(observe(workload=deployment(), pods=[pod(scheduled=False)]))
+    assert (current["phase"], cond(current, "Ready")["reason"]) == ("Pending", "Scheduling")
+
+
+def test_scheduled_pods_none_ready_is_loading_and_names_container_problems():
+    crash = {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=runtime"}
+    pods = [pod("llama-0"), pod("llama-1", waiting=crash), pod("llama-2", refused=UNSCHEDULABLE)]
+    current = run(observe(workload=deployment(), pods=pods))
+    message = cond(current, "Ready")["message"]
+    assert (current["phase"], cond(current, "Ready")["reason"]) == ("Loading", "Loading")
+    assert message.startswith("2 serving pod(s) scheduled, none ready yet")
+    assert f"kubectl logs -l {SELECTOR}" in message
+    assert f"1 serving pod(s) cannot be scheduled: {UNSCHEDULABLE}" in message
+    assert "container runtime: CrashLoopBackOff: back-off 40s" in message
+
+
+def test_degraded_reports_total_replicas_for_the_scale_subresource():
+    pods = [pod("llama-0", ready=True, ready_at=25), pod("llama-1"), pod("llama-2")]
+    current = run(observe(workload=deployment(desired=3, ready=1), pods=pods))
+    assert current["phase"] == "Degraded"
+    assert (current["replicas"], current["readyReplicas"], current["ready"]) == (3, 1, "1/3")
+    assert cond(current, "Ready")["reason"] == "Degraded"
+    assert cond(current, "Available")["status"] == "True"
+
+
+def test_ready():
+    current = run(ready_observation())
+    assert current["phase"] == "Ready"
+    assert {c["type"]: (c["status"], c["reason"]) for c in current["conditions"]} == {
+        "ArtifactsReady": ("True", "NotRequired"), "Available": ("True", "MinimumReplicasAvailable"),
+        "Progressing": ("True", "RolloutComplete"), "Ready": ("True", "Ready")}
+    assert cond(current, "Ready")["message"] == f"3/3 replicas ready; serving at {ENDPOINT}"
+    assert {key: current[key] for key in ("replicas", "readyReplicas", "ready", "selector", "endpoint",
+                                          "observedGeneration")} == {
+        "replicas": 3, "readyReplicas": 3, "ready": "3/3", "selector": SELECTOR, "endpoint": ENDPOINT,
+        "observedGeneration": 1}
+    assert current["resolved"] == RESOLVED.as_status()
+    assert [c["type"] for c in current["conditions"]] == list(api.CONDITION_TYPES)
+
+
+@pytest.mark.parametrize("workload", [
+    deployment(ready=3, total=4, updated=1),  # surge: one new pod, three old ones
+    deployment(ready=3, generation=2, observed_generation=1),  # the controller has not seen the new template
+])
+def test_ready_waits_for_a_complete_rollout(workload):
+    current = run(observe(workload=workload, pods=ready_pods()))
+    assert (current["phase"], cond(current, "Ready")["reason"]) == ("Loading", "RollingOut")
+    assert (cond(current, "Progressing")["status"], cond(current, "Progressing")["reason"]) == ("True", "RollingOut")
+
+
+def test_progress_deadline_exceeded():
+    stalled = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+               "message": 'ReplicaSet "llama-7d9" has timed out progressing.'}
+    current = run(observe(workload=deployment(ready=3, total=4, updated=1, conditions=[stalled]), pods=ready_pods()))
+    progressing = cond(current, "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "ProgressDeadlineExceeded")
+    assert progressing["message"].startswith('ReplicaSet "llama-7d9" has timed out progressing.')
+
+
+def test_held_rollout_is_compiling_while_old_pods_stay_available():
+    current = run(observe(workload=deployment(ready=3), pods=ready_pods(), compile_required=True,
+                          compile_job=job(active=1, start=stamp(1)), rollout_held=True))
+    assert current["phase"] == "Compiling"
+    assert (cond(current, "Available")["status"], cond(current, "Available")["reason"]) == (
+        "True", "MinimumReplicasAvailable")
+    assert "serving the previous spec" in cond(current, "Available")["message"]
+    assert cond(current, "Progressing")["reason"] == "WaitingForArtifacts"
+    assert cond(current, "Ready")["message"].endswith("the previous spec keeps serving on 3 replica(s)")
+    assert current["readyReplicas"] == 3
+
+
+def test_leaderworkerset_availability_comes_from_ready_groups():
+    workload = deployment(desired=2, ready=1, kind="LeaderWorkerSet")
+    current = run(observe(desired_replicas=2, workload=workload, pods=[pod(ready=True, ready_at=25), pod("w-1")]))
+    assert current["phase"] == "Degraded"
+    assert cond(current, "Available")["status"] == "True"
+
+
+def test_desired_is_the_workloads_own_replicas():
+    """With autoscaling the HPA sets the Deployment's replicas; the spec only gave the minimum."""
+    current = run(observe(desired_replicas=1, workload=deployment(desired=5, ready=5), pods=ready_pods(5)))
+    assert (current["phase"], current["ready"], current["replicas"]) == ("Ready", "5/5", 5)
+
+
+def test_terminating_and_finished_pods_are_ignored():
+    old = pod("llama-old", ready=True, ready_at=25, deleting=True)
+    current = run(observe(workload=deployment(), pods=[old, pod("llama-0", scheduled=False, refused=UNSCHEDULABLE)]))
+    assert cond(current, "Ready")["reason"] == "Unschedulable"
+
+
+# --- lastTransitionTime, a fixed point, timings --------------------------------------------------------------
+
+def test_an_identical_reconcile_changes_nothing():
+    first = run(ready_observation(now=at(30)))
+    again = run(ready_observation(previous=first, now=at(31)))
+    assert again == first  # the handler skips the write
+    assert events(first, again) == []
+
+
+def test_last_transition_time_is_kept_until_the_status_changes():
+    loading = run(observe(workload=deployment(), pods=[pod()], now=at(20)))
+    degraded = run(observe(workload=deployment(ready=1), pods=[pod(ready=True, ready_at=24)], previous=loading,
+                           now=at(24)))
+    assert cond(loading, "Ready")["lastTransitionTime"] == stamp(20)
+    assert cond(degraded, "Ready")["lastTransitionTime"] == stamp(20)  # still False, reason Loading -> Degraded
+    assert cond(degraded, "Available")["lastTransitionTime"] == stamp(24)  # False -> True
+    assert cond(degraded, "ArtifactsReady")["lastTransitionTime"] == stamp(20)
+
+
+def test_time_to_ready_for_the_first_generation_counts_from_creation_and_is_kept():
+    ready = run(ready_observation(now=at(30)))
+    assert ready["timings"] == {"loadSeconds": 300, "timeToReadySeconds": 1800}
+    later = run(observe(workload=deployment(ready=2), pods=ready_pods(2, start=40, ready_at=50), previous=ready,
+                        now=at(60)))
+    assert later["phase"] == "Degraded"
+    assert later["timings"] == ready["timings"]  # measured once per generation, not again
+
+
+def test_time_to_ready_of_a_new_generation_counts_from_its_first_reconcile():
+    ready = run(ready_observation(now=at(30)))
+    rolling = run(observe(generation=2, workload=deployment(ready=3, total=4, updated=1), pods=ready_pods(),
+                          previous=ready, now=at(40)))
+    assert cond(rolling, "Progressing")["lastTransitionTime"] == stamp(40)  # the generation's start, on record
+    assert rolling["timings"] == {}
+    ready_again = run(observe(generation=2, workload=deployment(ready=3), pods=ready_pods(start=41, ready_at=46),
+                              previous=rolling, now=at(47)))
+    assert ready_again["phase"] == "Ready"
+    assert ready_again["timings"] == {"loadSeconds": 300, "timeToReadySeconds": 420}
+
+
+def test_compile_seconds_are_kept_for_the_same_compile_key_only():
+    first = run(observe(compile_required=True, compile_job=compiled_job(start=1, end=15)))
+    job_gone = run(observe(compile_required=True, compile_job=None, previous=first))
+    assert job_gone["timings"]["compileSeconds"] == 840
+    new_key = replace(RESOLVED, compile_key="n" * 64)
+    recompiling = run(observe(resolved=new_key, compile_required=True, compile_job=job(active=1), previous=first))
+    assert "compileSeconds" not in recompiling["timings"]
+
+
+def test_load_seconds_is_the_slowest_ready_pod():
+    pods = [pod("a", ready=True, start=20, ready_at=22), pod("b", ready=True, start=21, ready_at=29),
+            pod("c", ready=True, start=20, ready_at=25)]
+    assert run(observe(workload=deployment(ready=3), pods=pods))["timings"]["loadSeconds"] == 480
+
+
+# --- events --------------------------------------------------------------------------------------------------
+
+def test_events_follow_a_lifecycle_once_per_transition():
+    compiling = dict(compile_required=True, compile_job=job(active=1, start=stamp(1)))
+    compiled = dict(compile_required=True, compile_job=compiled_job(start=1, end=15))
+    steps = [
+        observe(**compiling),
+        observe(**compiling),
+        observe(**compiled),
+        observe(**compiled, workload=deployment(), pods=[pod(f"p{i}", scheduled=False, refused=UNSCHEDULABLE)
+                                                          for i in range(3)]),
+        observe(**compiled, workload=deployment(), pods=[pod(f"p{i}") for i in range(3)]),
+        observe(**compiled, workload=deployment(ready=1), pods=[pod("p0", ready=True, ready_at=25)]),
+        observe(**compiled, workload=deployment(ready=3), pods=ready_pods()),
+        observe(**compiled, workload=deployment(ready=3), pods=ready_pods()),
+    ]
+    previous, seen = {}, []
+    for step in steps:
+        current = run(replace(step, previous=previous))
+        seen.append([(kind, reason) for kind, reason, _ in events(previous, current)])
+        previous = current
+    assert seen == [
+        [("Normal", "Compiling")], [],
+        [("Normal", "Creating"), ("Normal", "Compiled")],
+        [("Warning", "Unschedulable")],
+        [("Normal", "Loading")],
+        [("Warning", "Degraded")],
+        [("Normal", "Ready")], [],
+    ]
+    assert events({}, previous)[0] == ("Normal", "Ready", f"3/3 replicas ready; serving at {ENDPOINT}")
+
+
+@pytest.mark.parametrize("observed, reason", [
+    (observe(resolved=None, spec_error="spec.instanceType: 'm5.large' is not a Neuron instance type"), "InvalidSpec"),
+    (observe(compile_required=True, compile_job=failed_job()), "CompileFailed"),
+])
+def test_failures_are_warning_events(observed, reason):
+    current = run(observed)
+    assert events({}, current) == [("Warning", reason, cond(current, "Ready")["message"])]
+    assert events(current, run(replace(observed, previous=current))) == []
+
+
+def test_a_new_warning_is_a_model_may_not_fit_event_once():
+    warning = "the model needs ~140 GiB of weights; TP 2 on inf2 holds 32 GiB of HBM"
+    before = run(ready_observation())
+    after = run(ready_observation(resolved=replace(RESOLVED, warnings=(warning,)), previous=before))
+    assert after["warnings"] == [warning]
+    assert events(before, after) == [("Warning", "ModelMayNotFit", warning)]
+    assert events(after, run(ready_observation(resolved=replace(RESOLVED, warnings=(warning,)), previous=after))) == []
+
+
+def test_progress_deadline_is_a_warning_event():
+    rolling = run(observe(workload=deployment(ready=3, total=4, updated=1), pods=ready_pods()))
+    stalled = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "timed out"}
+    stuck = run(observe(workload=deployment(ready=3, total=4, updated=1, conditions=[stalled]), pods=ready_pods(),
+                        previous=rolling))
+    assert [(kind, reason) for kind, reason, _ in events(rolling, stuck)] == [("Warning", "ProgressDeadlineExceeded")]
+
+
+# --- merge patch ---------------------------------------------------------------------------------------------
+
+def test_merge_patch_removes_keys_that_went_away():
+    ready = run(ready_observation())
+    failed = run(observe(generation=2, resolved=None, spec_error="bad", previous=ready))
+    patch = merge_patch(ready, failed)
+    assert patch["resolved"] is None
+    assert patch["timings"] == {"loadSeconds": None, "timeToReadySeconds": None}
+    assert patch["conditions"] == failed["conditions"]
