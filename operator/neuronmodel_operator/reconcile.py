@@ -146,9 +146,10 @@ class Reconcile:
             desired_replicas=target.spec.replica_count() if target else (spec_replicas or 0),
             workload=workload, compile_job=job, compile_required=bool(resolved and resolved.compile_job),
             rollout_held=held, pods=pods, endpoint=endpoint(target) if target else "",
-            selector=selector_string(target) if target else "", now=datetime.now(timezone.utc))
+            selector=selector_string(target) if target else "", now=datetime.now(timezone.utc),
+            compile_cache_url=target.spec.compile_cache.url if target else None)
         current = status.status(observed)
         if current != previous:
-            self.kube.patch_status(meta["namespace"], meta["name"], current)
+            self.kube.patch_status(meta["namespace"], meta["name"], status.merge_patch(previous, current))
         for type_, reason, message in status.events(previous, current):
             self.kube.event(body, type_, reason, message)
