@@ -1,0 +1,136 @@
+"""What every builder shares: the one input (`Target`), child names, labels, selectors, ownerReferences.
+
+Children carry only our labels (`labels`), never the owner's: Helm, Argo CD and Flux track objects by their
+labels and would claim (or prune) our children as theirs. The ownerReference is built here rather than with
+`kopf.adopt`, which copies every owner label onto the child and names nameless children with `generateName`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from neuronmodel_operator import api
+from neuronmodel_operator.api import NeuronModelSpec
+from neuronmodel_operator.resolve import OperatorDefaults, Resolved, resolve
+
+COMPONENT_SERVER = "server"
+COMPONENT_COMPILE = "compile"
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+#: The label LeaderWorkerSet puts on its pods: "0" on a group's leader, 1.. on its workers.
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+#: Suffix of the LeaderWorkerSet's name. The LWS controller creates a headless Service named exactly like the
+#: LeaderWorkerSet (its pods' DNS subdomain, through which workers reach the leader); our ClusterIP Service is
+#: `<name>`, so an LWS also named `<name>` would collide with it.
+LWS_SUFFIX = "-lws"
+#: Characters of the compile key in the compile Job's name (the full key is in its annotation).
+COMPILE_KEY_CHARS = 10
+
+
+@dataclass(frozen=True)
+class Target:
+    """The one input of every builder: a NeuronModel's identity, its typed spec and what the operator resolved.
+
+    `hpa_metric` is the operator-wide default queue metric (OperatorDefaults.hpa_metric), used when
+    spec.autoscaling.metric is unset; `target_from_body` fills it.
+    """
+
+    name: str
+    namespace: str
+    uid: str
+    spec: NeuronModelSpec
+    resolved: Resolved
+    hpa_metric: str = api.DEFAULT_HPA_METRIC
+
+    @property
+    def multi_node(self) -> bool:
+        return self.spec.parallelism.nodes > 1
+
+
+def target_from_body(body: Mapping[str, Any], defaults: OperatorDefaults) -> Target:
+    """The Target of a NeuronModel object (as kopf or the API server hands it over).
+
+    Raises:
+        api.SpecError: the spec is invalid or cannot be served (the message names the field and the fix).
+    """
+    metadata = body["metadata"]
+    spec = api.parse_spec(body.get("spec") or {})
+    return Target(name=metadata["name"], namespace=metadata["namespace"], uid=metadata["uid"], spec=spec,
+                  resolved=resolve(spec, defaults), hpa_metric=defaults.hpa_metric)
+
+
+# Child names: one place, so handlers, status and tests agree.
+
+def runtime_configmap_name(target: Target) -> str:
+    return f"{target.name}-runtime"
+
+
+def compile_name(target: Target) -> str:
+    """The compile Job and its ConfigMap: a new compile key is a new Job (Jobs' templates are immutable)."""
+    return f"{target.name}-compile-{target.resolved.compile_key[:COMPILE_KEY_CHARS]}"
+
+
+def workload_name(target: Target) -> str:
+    """The Deployment (`<name>`) or, when nodes > 1, the LeaderWorkerSet (`<name>-lws`, see LWS_SUFFIX)."""
+    return target.name + LWS_SUFFIX if target.multi_node else target.name
+
+
+def workload_ref(target: Target) -> dict[str, str]:
+    """apiVersion/kind/name of the serving workload (the HPA's scaleTargetRef)."""
+    if target.multi_node:
+        return {"apiVersion": LWS_API_VERSION, "kind": LWS_KIND, "name": workload_name(target)}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": workload_name(target)}
+
+
+def owner_reference(target: Target) -> dict[str, Any]:
+    """The controller reference every child carries: garbage collection deletes children with their owner."""
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": target.name, "uid": target.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def labels(target: Target, component: str) -> dict[str, str]:
+    """Our labels, and only ours (never the owner's)."""
+    return {
+        api.LABEL_NAME: target.name,
+        api.LABEL_APP_NAME: api.APP_NAME,
+        api.LABEL_INSTANCE: target.name,
+        api.LABEL_COMPONENT: component,
+        api.LABEL_MANAGED_BY: api.OPERATOR_NAME,
+    }
+
+
+def selector(target: Target) -> dict[str, str]:
+    """All serving pods of a model (leaders and workers): the Deployment's selector and the PDB's."""
+    return {api.LABEL_NAME: target.name, api.LABEL_COMPONENT: COMPONENT_SERVER}
+
+
+def serving_selector(target: Target) -> dict[str, str]:
+    """The pods that answer HTTP: every serving pod, or only the groups' leaders when nodes > 1 (the Service's
+    selector, and status.selector: one pod per replica, as LeaderWorkerSet's own hpaPodSelector)."""
+    if target.multi_node:
+        return {**selector(target), LWS_WORKER_INDEX_LABEL: "0"}
+    return selector(target)
+
+
+def selector_string(target: Target) -> str:
+    """status.selector, the scale subresource's label selector: "k=v,k=v" (sorted, as the API server prints)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(serving_selector(target).items()))
+
+
+def metadata(target: Target, name: str, component: str,
+             annotations: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """A child's metadata: name, namespace, our labels, the ownerReference, and `annotations` when given."""
+    meta: dict[str, Any] = {"name": name, "namespace": target.namespace, "labels": labels(target, component)}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    meta["ownerReferences"] = [owner_reference(target)]
+    return meta
+
+
+def served_spec(target: Target) -> str:
+    """The spec as canonical JSON (camelCase, sorted keys): the workload's ANNOTATION_SERVED_SPEC, the spec its
+    pods run. The handler reads it back to keep serving the old spec while a new compile key's Job runs."""
+    return json.dumps(target.spec.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))

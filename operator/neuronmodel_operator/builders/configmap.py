@@ -1,0 +1,90 @@
+"""The RuntimeConfig the pods read (`/etc/neuronmodel/config.json`), and its ConfigMaps.
+
+The JSON has exactly RuntimeConfig's snake_case fields (the unit tests validate it with the runtime's own
+model). It never holds the API key: that reaches the pod as env NEURONMODEL_API_KEY from a secretKeyRef.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from neuronmodel_operator.builders import sources
+from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, Target, compile_name,
+                                                  metadata, runtime_configmap_name)
+
+CONFIG_KEY = "config.json"
+#: Seconds SIGTERM waits for in-flight requests (server.drain_timeout_s); the pod's grace period adds a margin.
+DRAIN_TIMEOUT_S = 30
+
+
+def serving_cache_policy(target: Target) -> str:
+    """The compile-cache policy serving pods run with.
+
+    Never stays Never. Always and IfNotCached become IfNotCached: the compile Job has already (re)compiled, and a
+    serving pod that recompiled on every start would pay the compile at each restart and scale-up.
+    """
+    return "Never" if target.spec.compile_cache.policy == "Never" else "IfNotCached"
+
+
+def runtime_config(target: Target, for_compile: bool = False) -> dict[str, Any]:
+    """The RuntimeConfig document (a dict) of the serving pods, or of the compile Job (`for_compile`: the spec's
+    own cache policy)."""
+    spec = target.spec
+    draft = sources.draft_mount(spec)
+    cache = sources.compile_cache_mount(spec)
+    return {
+        "model": sources.model_mount(spec).path,
+        "framework": spec.framework,
+        "dtype": spec.model.dtype,
+        "max_num_seqs": spec.batching.max_batch_size,
+        "max_model_len": spec.batching.max_seq_len,
+        "max_context_length": spec.batching.max_context_length,
+        "sampling": {"on_device": spec.sampling.on_device, "global_top_k": spec.sampling.global_top_k},
+        "speculation": {
+            "mode": spec.speculation.mode,
+            "draft_model": draft.path if draft else None,
+            "num_speculative_tokens": spec.speculation.num_speculative_tokens,
+            "prompt_lookup_min": spec.speculation.prompt_lookup_min,
+            "prompt_lookup_max": spec.speculation.prompt_lookup_max,
+        },
+        "parallelism": {"tensor_parallel_degree": spec.parallelism.tensor_parallel_degree,
+                        "nodes": spec.parallelism.nodes},
+        "compile_cache": {"url": cache.path if cache else None,
+                          "policy": spec.compile_cache.policy if for_compile else serving_cache_policy(target)},
+        "server": {"host": "0.0.0.0", "port": spec.server.port,
+                   "served_model_name": spec.model.served_model_name or target.name,
+                   "drain_timeout_s": DRAIN_TIMEOUT_S},
+    }
+
+
+def runtime_config_json(target: Target, for_compile: bool = False) -> str:
+    """The ConfigMap's config.json: sorted keys, indent 2 (stable bytes, so a stable hash)."""
+    return json.dumps(runtime_config(target, for_compile), sort_keys=True, indent=2)
+
+
+def config_hash(target: Target) -> str:
+    """sha256 of the serving config.json: the pod template's ANNOTATION_CONFIG_HASH, so a new config rolls the pods
+    (a ConfigMap change alone restarts nothing)."""
+    return hashlib.sha256(runtime_config_json(target).encode()).hexdigest()
+
+
+def compile_config_hash(target: Target) -> str:
+    return hashlib.sha256(runtime_config_json(target, for_compile=True).encode()).hexdigest()
+
+
+def _configmap(target: Target, name: str, component: str, for_compile: bool) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(target, name, component),
+            "data": {CONFIG_KEY: runtime_config_json(target, for_compile)}}
+
+
+def configmap(target: Target) -> dict[str, Any]:
+    """`<name>-runtime`: the config of the spec being served."""
+    return _configmap(target, runtime_configmap_name(target), COMPONENT_SERVER, for_compile=False)
+
+
+def compile_configmap(target: Target) -> dict[str, Any]:
+    """`<name>-compile-<key10>`: the compile Job's own config, of the NEW spec (the runtime ConfigMap may still hold
+    the spec being served while the Job compiles)."""
+    return _configmap(target, compile_name(target), COMPONENT_COMPILE, for_compile=True)

@@ -1,0 +1,40 @@
+"""The LeaderWorkerSet of a multi-node model (nodes > 1): one group of `nodes` pods per replica.
+
+The leader runs `neuronmodel-runtime serve` (the HTTP server, probes, the Service's endpoint); the workers run
+`neuronmodel-runtime worker` and hold the other TP shards. The multi-node issue fills in the worker side (its
+bootstrap from LWS_* env and its health checks); the object is built and schema-checked now. Field names follow
+the LeaderWorkerSet v1 CRD (v0.7).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuronmodel_operator import api
+from neuronmodel_operator.builders.common import (COMPONENT_SERVER, LWS_API_VERSION, LWS_KIND, Target, metadata,
+                                                  served_spec, workload_name)
+from neuronmodel_operator.builders.deployment import rolling_update
+from neuronmodel_operator.builders.pod import pod_template
+
+
+def leaderworkerset(target: Target) -> dict[str, Any]:
+    """`<name>-lws` (see common.LWS_SUFFIX); `replicas` (groups) left out under autoscaling, as for the
+    Deployment."""
+    spec: dict[str, Any] = {}
+    if target.spec.autoscaling is None:
+        spec["replicas"] = target.spec.replica_count()
+    spec.update({
+        "leaderWorkerTemplate": {
+            "size": target.spec.parallelism.nodes,
+            # A group is one model sharded over its nodes: one pod lost means the whole group restarts.
+            "restartPolicy": "RecreateGroupOnPodRestart",
+            "leaderTemplate": pod_template(target, "serve"),
+            "workerTemplate": pod_template(target, "worker"),
+        },
+        "startupPolicy": "LeaderCreated",
+        "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling_update(target)},
+    })
+    return {"apiVersion": LWS_API_VERSION, "kind": LWS_KIND,
+            "metadata": metadata(target, workload_name(target), COMPONENT_SERVER,
+                                 {api.ANNOTATION_SERVED_SPEC: served_spec(target)}),
+            "spec": spec}

@@ -1,0 +1,251 @@
+"""The pod shared by the Deployment, the LeaderWorkerSet (leader and worker) and the compile Job.
+
+One container, `runtime`, running a `neuronmodel-runtime` command against /etc/neuronmodel/config.json, under the
+restricted Pod Security profile (non-root, no privilege escalation, all capabilities dropped, seccomp
+RuntimeDefault, read-only root filesystem). What it writes goes to emptyDirs: /tmp (HOME), /var/cache/neuronmodel
+(NEURONMODEL_CACHE), /var/tmp (the Neuron compiler's cache, NEURON_COMPILE_CACHE_URL) and /dev/shm (memory).
+Models are mounted or downloaded as `sources.py` says. Neuron device nodes come from the device plugin; a
+non-root runtime needs them accessible to uid 1000 (check on real nodes, in the hardware issue).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Sequence
+
+from neuronmodel_operator import api, devices
+from neuronmodel_operator.api import SpecError
+from neuronmodel_operator.builders import sources
+from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, Target, compile_name, labels,
+                                                  runtime_configmap_name)
+from neuronmodel_operator.builders.configmap import (DRAIN_TIMEOUT_S, compile_config_hash, config_hash)
+
+Role = Literal["serve", "worker", "compile"]
+
+CONTAINER_NAME = "runtime"
+RUN_AS = 1000
+CACHE_DIR = "/var/cache/neuronmodel"
+NEURON_COMPILE_CACHE = "/var/tmp/neuron-compile-cache"
+#: SIGTERM -> the runtime drains in-flight requests for DRAIN_TIMEOUT_S, then exits; the rest is margin.
+TERMINATION_GRACE_S = DRAIN_TIMEOUT_S + 15
+
+SERVE_COMMAND = ("neuronmodel-runtime", "serve", "--config", sources.CONFIG_FILE)
+WORKER_COMMAND = ("neuronmodel-runtime", "worker", "--config", sources.CONFIG_FILE)
+COMPILE_COMMAND = ("neuronmodel-runtime", "compile", "--config", sources.CONFIG_FILE)
+
+STARTUP_PERIOD_S = 10
+#: Startup budgets (seconds) of `startup_budget_s`.
+BUDGET_TORCH_S = 10 * 60
+BUDGET_CACHED_S = 30 * 60
+BUDGET_COMPILE_IN_POD_S = 4 * 60 * 60
+
+
+def startup_budget_s(target: Target) -> int:
+    """How long a serving pod may take from container start to /ready (its startupProbe), by what it must do.
+
+    - framework torch (the CPU reference runner): load only, 10 min;
+    - a Neuron runner with a compile cache (spec.compileCache.url): the artifacts come from the cache (the compile
+      Job filled it, or policy Never says they are there), so load plus a cache read, 30 min;
+    - a Neuron runner without one compiles inside the pod at every start: 4 h (large models compile for hours).
+
+    Downloads (hf://, s3://) run in init containers, before the probe starts counting.
+    """
+    if target.spec.framework == "torch":
+        return BUDGET_TORCH_S
+    if target.spec.compile_cache.url is not None:
+        return BUDGET_CACHED_S
+    return BUDGET_COMPILE_IN_POD_S
+
+
+def security_context() -> dict[str, Any]:
+    """The restricted container security context (every container, init containers too)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True}
+
+
+def pod_security_context() -> dict[str, Any]:
+    # OnRootMismatch: the kubelet chowns a volume to fsGroup only when its root is not already right; a recursive
+    # chown of a large compile-cache or model PVC at every pod start would take minutes.
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _secret_env(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def _env(target: Target) -> list[dict[str, Any]]:
+    env = []
+    if target.spec.server.api_key_secret_ref is not None:
+        env.append(_secret_env("NEURONMODEL_API_KEY", target.spec.server.api_key_secret_ref))
+    if target.resolved.logical_core_config is not None:
+        env.append({"name": "NEURON_LOGICAL_NC_CONFIG", "value": str(target.resolved.logical_core_config)})
+    env += [{"name": "NEURONMODEL_CACHE", "value": CACHE_DIR},
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "NEURON_COMPILE_CACHE_URL", "value": NEURON_COMPILE_CACHE}]
+    return env
+
+
+def _quantities(values: dict[str, Any]) -> dict[str, str]:
+    return {key: str(value) for key, value in sorted(values.items())}
+
+
+def resources(target: Target, neuron: bool = True) -> dict[str, Any]:
+    """spec.resources, plus the Neuron device-plugin request in both requests and limits (extended resources
+    must have requests == limits). Init containers get `neuron=False`: they need no device."""
+    extra = target.resolved.neuron_resources if neuron else {}
+    out = {}
+    requests = _quantities({**target.spec.resources.requests, **extra})
+    limits = _quantities({**target.spec.resources.limits, **extra})
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _http_get(path: str) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": api.SERVER_PORT_NAME}}
+
+
+def probes(target: Target) -> dict[str, Any]:
+    """startupProbe on /ready sized by `startup_budget_s`; then readiness /ready and liveness /health.
+
+    Liveness only starts once the startup probe has passed, so a long compile is never killed by it.
+    """
+    return {
+        "startupProbe": {**_http_get("/ready"), "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 5,
+                         "failureThreshold": startup_budget_s(target) // STARTUP_PERIOD_S},
+        "readinessProbe": {**_http_get("/ready"), "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**_http_get("/health"), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+    }
+
+
+def _mounts(target: Target) -> list[sources.SourceMount]:
+    spec = target.spec
+    return [m for m in (sources.model_mount(spec), sources.draft_mount(spec), sources.compile_cache_mount(spec))
+            if m is not None]
+
+
+def volumes_and_mounts(target: Target, role: Role) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the runtime container's volumeMounts."""
+    config_map = compile_name(target) if role == "compile" else runtime_configmap_name(target)
+    volumes = [{"name": "config", "configMap": {"name": config_map}},
+               {"name": "shm", "emptyDir": {"medium": "Memory"}},
+               {"name": "tmp", "emptyDir": {}},
+               {"name": "cache", "emptyDir": {}},
+               {"name": "neuron-cache", "emptyDir": {}}]
+    mounts = [{"name": "config", "mountPath": sources.CONFIG_DIR, "readOnly": True},
+              {"name": "shm", "mountPath": "/dev/shm"},
+              {"name": "tmp", "mountPath": "/tmp"},
+              {"name": "cache", "mountPath": CACHE_DIR},
+              {"name": "neuron-cache", "mountPath": "/var/tmp"}]
+    for placed in _mounts(target):
+        if placed.volume is None or any(v["name"] == placed.volume["name"] for v in volumes):
+            continue  # an s3:// cache; or the models emptyDir that the model and the draft share
+        volumes.append(placed.volume)
+        mounts.append(placed.mount)
+    paths = [m["mountPath"] for m in mounts]
+    if len(set(paths)) != len(paths):
+        duplicate = next(p for p in paths if paths.count(p) > 1)
+        raise SpecError(f"spec: two sources are both mounted at {duplicate}; use distinct paths")
+    return volumes, mounts
+
+
+def init_containers(target: Target) -> list[dict[str, Any]]:
+    """One `fetch-<role>` per downloaded source (hf://, s3://): `neuronmodel-runtime fetch` writes it into the
+    models emptyDir atomically. The HF token (spec.model.tokenSecretRef, used for the draft too: a gated draft of
+    the same family needs it) reaches only these containers, as HF_TOKEN from a secretKeyRef; s3:// credentials
+    come from the ServiceAccount (IRSA / Pod Identity)."""
+    containers = []
+    for placed in _mounts(target):
+        if placed.fetch is None:
+            continue
+        env = []
+        token = target.spec.model.token_secret_ref
+        if token is not None and placed.source.startswith("hf://"):
+            env.append(_secret_env("HF_TOKEN", token))
+        env.append({"name": "HOME", "value": "/tmp"})
+        init: dict[str, Any] = {"name": placed.init_name, "image": target.resolved.image,
+                                "command": list(placed.fetch), "env": env}
+        if res := resources(target, neuron=False):
+            init["resources"] = res
+        init["securityContext"] = security_context()
+        init["volumeMounts"] = [{"name": sources.MODELS_VOLUME, "mountPath": sources.MODELS_DIR},
+                                {"name": "tmp", "mountPath": "/tmp"}]
+        containers.append(init)
+    return containers
+
+
+def _placement(target: Target) -> dict[str, Any]:
+    spec, resolved = target.spec, target.resolved
+    out: dict[str, Any] = {}
+    node_selector = dict(spec.node_selector)
+    if resolved.instance_type is not None:  # the resolved instance type wins over a conflicting spec.nodeSelector
+        node_selector[devices.INSTANCE_TYPE_LABEL] = resolved.instance_type
+    if node_selector:
+        out["nodeSelector"] = dict(sorted(node_selector.items()))
+    tolerations = []
+    if resolved.instance_family is not None:
+        tolerations.append({"key": devices.NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
+    tolerations += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in spec.tolerations]
+    if tolerations:
+        out["tolerations"] = tolerations
+    if spec.scheduler_name:
+        out["schedulerName"] = spec.scheduler_name
+    if spec.service_account_name:
+        out["serviceAccountName"] = spec.service_account_name
+    return out
+
+
+def _container(target: Target, command: Sequence[str], role: Role, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `runtime` container; probes and the http port on serving pods only (role "serve")."""
+    out: dict[str, Any] = {"name": CONTAINER_NAME, "image": target.resolved.image, "command": list(command)}
+    if role == "serve":
+        out["ports"] = [{"name": api.SERVER_PORT_NAME, "containerPort": target.spec.server.port, "protocol": "TCP"}]
+    out["env"] = _env(target)
+    if res := resources(target):
+        out["resources"] = res
+    if role == "serve":
+        out.update(probes(target))
+    out["securityContext"] = security_context()
+    out["volumeMounts"] = mounts
+    return out
+
+
+def pod_spec(target: Target, command: Sequence[str], role: Role) -> dict[str, Any]:
+    """The PodSpec of `role`: "serve" (Deployment, LWS leader), "worker" (LWS workers; the multi-node issue gives
+    them their health checks) or "compile" (the compile Job: restartPolicy Never, no probes)."""
+    volumes, mounts = volumes_and_mounts(target, role)
+    spec: dict[str, Any] = {
+        # The runtime never calls the Kubernetes API. IRSA and EKS Pod Identity are unaffected: their webhooks
+        # inject their own projected token volume, independent of this setting.
+        "automountServiceAccountToken": False,
+        # No Docker-link variables: a Service named `neuronmodel` would set NEURONMODEL_PORT=tcp://..., which the
+        # runtime reads as server.port.
+        "enableServiceLinks": False,
+        "restartPolicy": "Never" if role == "compile" else "Always",
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "securityContext": pod_security_context(),
+        **_placement(target),
+    }
+    if inits := init_containers(target):
+        spec["initContainers"] = inits
+    spec["containers"] = [_container(target, command, role, mounts)]
+    spec["volumes"] = volumes
+    return spec
+
+
+def pod_template(target: Target, role: Role, command: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """A pod template: our labels; the config hash (a new config rolls the pods) and the compile key; Prometheus
+    scrape annotations on serving pods. `command` defaults to the role's."""
+    if command is None:
+        command = {"serve": SERVE_COMMAND, "worker": WORKER_COMMAND, "compile": COMPILE_COMMAND}[role]
+    annotations: dict[str, str] = {}
+    if role == "serve":
+        annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(target.spec.server.port),
+                            "prometheus.io/path": "/metrics"})
+    annotations[api.ANNOTATION_CONFIG_HASH] = compile_config_hash(target) if role == "compile" else config_hash(target)
+    annotations[api.ANNOTATION_COMPILE_KEY] = target.resolved.compile_key
+    component = COMPONENT_COMPILE if role == "compile" else COMPONENT_SERVER
+    return {"metadata": {"labels": labels(target, component), "annotations": annotations},
+            "spec": pod_spec(target, command, role)}

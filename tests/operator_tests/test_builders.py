@@ -1,0 +1,543 @@
+"""Behaviour of the builders that a user relies on (the golden files pin the rest)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+from neuronmodel_runtime.config import RuntimeConfig
+
+from neuronmodel_operator import api, builders
+from neuronmodel_operator.api import SpecError
+from neuronmodel_operator.builders import common, pod, sources
+from neuronmodel_operator.resolve import OperatorDefaults
+from operator_tests import golden
+
+CASES = sorted(golden.CASES)
+
+
+def by_kind(children: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [c for c in children if c["kind"] == kind]
+
+
+def one(children: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(children, kind)
+    assert len(found) == 1, f"{len(found)} {kind}s"
+    return found[0]
+
+
+def pod_templates(children: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, pod template) of every workload child."""
+    for child in children:
+        if child["kind"] in ("Deployment", "Job"):
+            yield child["kind"], child["spec"]["template"]
+        elif child["kind"] == "LeaderWorkerSet":
+            for key in ("leaderTemplate", "workerTemplate"):
+                yield f"LeaderWorkerSet.{key}", child["spec"]["leaderWorkerTemplate"][key]
+
+
+def serving_template(children: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(t for where, t in pod_templates(children) if where in ("Deployment", "LeaderWorkerSet.leaderTemplate"))
+
+
+def runtime_container(template: dict[str, Any]) -> dict[str, Any]:
+    (container,) = template["spec"]["containers"]
+    assert container["name"] == "runtime"
+    return container
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def config_of(children: list[dict[str, Any]], suffix: str = "-runtime") -> dict[str, Any]:
+    cm = next(c for c in by_kind(children, "ConfigMap") if c["metadata"]["name"].endswith(suffix))
+    return json.loads(cm["data"]["config.json"])
+
+
+# The RuntimeConfig the pods read
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_config_map_is_a_valid_runtime_config(case):
+    """The runtime's own model accepts every config.json (unknown keys are errors there)."""
+    cms = by_kind(golden.children(case), "ConfigMap")
+    assert cms
+    for cm in cms:
+        assert list(cm["data"]) == ["config.json"]
+        config = RuntimeConfig.model_validate_json(cm["data"]["config.json"])
+        assert config.server.host == "0.0.0.0"
+        assert config.server.api_key is None
+
+
+def test_config_carries_the_spec():
+    t = golden.target("trn1-s3-cache")
+    config = RuntimeConfig.model_validate(builders.runtime_config(t))
+    assert (config.max_num_seqs, config.max_context_length, config.max_model_len) == (16, 4096, 8192)
+    assert config.parallelism.tensor_parallel_degree == 8 and config.dtype == "bfloat16"
+    assert config.compile_cache.url == "s3://acme-neuron-cache/prod"
+    assert config.server.served_model_name == "llama-8b"  # default: the NeuronModel's name
+    assert builders.runtime_config(golden.target("inf2-hf"))["server"]["served_model_name"] == "llama-3.2-1b"
+    assert builders.runtime_config(golden.target("replicas-3"))["server"]["port"] == 9000
+
+
+def test_serving_pods_never_recompile_on_every_start():
+    """Always compiles once, in the Job; the serving pods read the cache (IfNotCached); Never stays Never."""
+    t = golden.target("trn2-lnc-autoscale")  # policy Always
+    assert builders.runtime_config(t)["compile_cache"]["policy"] == "IfNotCached"
+    assert builders.runtime_config(t, for_compile=True)["compile_cache"]["policy"] == "Always"
+    job_cm = one(builders.compile_children(t), "ConfigMap")
+    assert json.loads(job_cm["data"]["config.json"])["compile_cache"]["policy"] == "Always"
+    never = golden.target("prompt-lookup")
+    assert builders.runtime_config(never)["compile_cache"]["policy"] == "Never"
+    assert builders.compile_children(never) == []
+
+
+def test_compile_job_only_when_the_cache_policy_asks():
+    with_job = {case for case in CASES if builders.compile_children(golden.target(case))}
+    assert with_job == {"trn1-s3-cache", "trn2-lnc-autoscale", "multinode-lws"}
+    for case in with_job:
+        kinds = [c["kind"] for c in builders.compile_children(golden.target(case))]
+        assert kinds == ["ConfigMap", "Job"]
+
+
+def test_a_new_config_rolls_the_pods():
+    before, after = golden.target("inf2-hf"), golden.target("inf2-hf", server={"port": 8080})
+    assert builders.config_hash(before) != builders.config_hash(after)
+    annotation = api.ANNOTATION_CONFIG_HASH
+    assert builders.deployment(before)["spec"]["template"]["metadata"]["annotations"][annotation] == \
+        builders.config_hash(before)
+    assert builders.deployment(after)["spec"]["template"]["metadata"]["annotations"][annotation] == \
+        builders.config_hash(after)
+
+
+# Secrets
+
+def test_api_key_reaches_the_pod_only_through_a_secret_key_ref():
+    children = golden.children("inf2-hf")
+    container = runtime_container(serving_template(children))
+    assert env_of(container)["NEURONMODEL_API_KEY"] == {
+        "name": "NEURONMODEL_API_KEY", "valueFrom": {"secretKeyRef": {"name": "llama-api-key", "key": "api-key"}}}
+    for cm in by_kind(children, "ConfigMap"):
+        assert "api_key" not in json.loads(cm["data"]["config.json"])["server"]
+    for case in CASES:  # no case without the secret has the variable; none anywhere holds a literal value
+        for _, template in pod_templates(golden.children(case)):
+            for c in template["spec"]["containers"] + template["spec"].get("initContainers", []):
+                for e in c.get("env", []):
+                    if e["name"] in ("NEURONMODEL_API_KEY", "HF_TOKEN"):
+                        assert "value" not in e and set(e["valueFrom"]) == {"secretKeyRef"}
+                        assert e["name"] != "NEURONMODEL_API_KEY" or case == "inf2-hf"
+
+
+def test_hf_token_only_in_the_download_init_containers():
+    for case in ("inf2-hf", "draft-hf", "trn2-lnc-autoscale"):
+        template = serving_template(golden.children(case))
+        assert "HF_TOKEN" not in env_of(runtime_container(template))
+        inits = template["spec"]["initContainers"]
+        ref = golden.CASES[case]["spec"]["model"]["tokenSecretRef"]
+        for init in inits:
+            assert env_of(init)["HF_TOKEN"]["valueFrom"] == {
+                "secretKeyRef": {"name": ref["name"], "key": ref.get("key", "token")}}
+    s3 = serving_template(golden.children("trn1-s3-cache"))
+    (init,) = s3["spec"]["initContainers"]
+    assert "HF_TOKEN" not in env_of(init)  # an s3:// model: credentials from the ServiceAccount (IRSA)
+    assert s3["spec"]["serviceAccountName"] == "neuronmodel-s3"
+    no_token = serving_template(golden.children("replicas-3"))
+    assert all("HF_TOKEN" not in env_of(i) for i in no_token["spec"]["initContainers"])
+
+
+# Resources and placement
+
+@pytest.mark.parametrize("case", CASES)
+def test_neuron_request_is_tp_over_nodes_neuroncores_or_whole_devices(case):
+    spec = golden.CASES[case]["spec"]
+    for where, template in pod_templates(golden.children(case)):
+        res = runtime_container(template).get("resources", {})
+        requests, limits = res.get("requests", {}), res.get("limits", {})
+        neuron = {k: v for k, v in requests.items() if k.startswith("aws.amazon.com/")}
+        assert neuron == {k: v for k, v in limits.items() if k.startswith("aws.amazon.com/")}, where
+        tp = spec.get("parallelism", {}).get("tensorParallelDegree", 1)
+        nodes = spec.get("parallelism", {}).get("nodes", 1)
+        if spec.get("framework") == "torch":
+            assert neuron == {}
+        elif spec.get("neuronResource") == "neuron":
+            assert neuron == {"aws.amazon.com/neuron": "2"}  # TP 4 on inf2: 2 cores per device
+        else:
+            assert neuron == {"aws.amazon.com/neuroncore": str(tp // nodes)}, where
+        for key, value in spec.get("resources", {}).get("requests", {}).items():
+            assert requests[key] == str(value)
+
+
+def test_placement_on_neuron_nodes():
+    template = serving_template(golden.children("trn2-lnc-autoscale"))["spec"]
+    assert template["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge",
+                                        "karpenter.sh/capacity-type": "on-demand"}
+    assert template["tolerations"][0] == {"key": "aws.amazon.com/neuron", "operator": "Exists",
+                                          "effect": "NoSchedule"}
+    assert template["tolerations"][1]["key"] == "dedicated"
+    assert template["schedulerName"] == "my-scheduler"
+    assert env_of(runtime_container({"spec": template}))["NEURON_LOGICAL_NC_CONFIG"]["value"] == "1"
+    cpu = serving_template(golden.children("tiny-torch"))["spec"]
+    assert "nodeSelector" not in cpu and "tolerations" not in cpu  # the reference runner: any CPU node
+    assert "NEURON_LOGICAL_NC_CONFIG" not in env_of(runtime_container({"spec": cpu}))
+
+
+def test_spec_node_selector_cannot_move_pods_off_the_resolved_instance_type():
+    t = golden.target("inf2-hf", nodeSelector={"node.kubernetes.io/instance-type": "m5.large", "zone": "a"})
+    assert builders.pod_spec(t, pod.SERVE_COMMAND, "serve")["nodeSelector"] == {
+        "node.kubernetes.io/instance-type": "inf2.xlarge", "zone": "a"}
+
+
+# Replicas, rollouts, autoscaling
+
+def test_replicas_omitted_under_autoscaling():
+    children = golden.children("trn2-lnc-autoscale")
+    assert "replicas" not in one(children, "Deployment")["spec"]
+    hpa = one(children, "HorizontalPodAutoscaler")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama-70b"}
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 4)
+    assert hpa["behavior"] == {"scaleUp": {"stabilizationWindowSeconds": 0},
+                               "scaleDown": {"stabilizationWindowSeconds": 600}}
+    lws = golden.target("multinode-lws", replicas=None, autoscaling={"maxReplicas": 3})
+    lws_children = builders.serving_children(lws)
+    assert "replicas" not in one(lws_children, "LeaderWorkerSet")["spec"]
+    assert one(lws_children, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"] == {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": "llama-405b-lws"}
+    assert one(golden.children("replicas-3"), "Deployment")["spec"]["replicas"] == 3
+    assert not by_kind(golden.children("replicas-3"), "HorizontalPodAutoscaler")
+
+
+def test_hpa_metric_default_and_override():
+    metric = lambda t: builders.hpa(t)["spec"]["metrics"][0]["pods"]  # noqa: E731
+    default = golden.target("trn2-lnc-autoscale")
+    assert metric(default) == {"metric": {"name": "vllm:num_requests_waiting"},
+                               "target": {"type": "AverageValue", "averageValue": "8"}}
+    operator_wide = builders.target_from_body(golden.CASES["trn2-lnc-autoscale"],
+                                              OperatorDefaults(golden.DEFAULTS.image, "queue_depth"))
+    assert metric(operator_wide)["metric"]["name"] == "queue_depth"
+    own = golden.target("trn2-lnc-autoscale", autoscaling={"maxReplicas": 2, "metric": "my_waiting"})
+    assert metric(own)["metric"]["name"] == "my_waiting"
+
+
+def test_replicas_only_change_leaves_the_pods_alone():
+    one_, five = golden.target("inf2-hf"), golden.target("inf2-hf", replicas=5)
+    assert builders.config_hash(one_) == builders.config_hash(five)
+    assert builders.configmap(one_) == builders.configmap(five)
+    a, b = builders.deployment(one_), builders.deployment(five)
+    assert a["spec"]["template"] == b["spec"]["template"]
+    assert (a["spec"]["replicas"], b["spec"]["replicas"]) == (1, 5)
+    assert one_.resolved.compile_key == five.resolved.compile_key
+
+
+def test_compile_key_change_renames_the_job():
+    base = golden.target("trn1-s3-cache")
+    bigger = golden.target("trn1-s3-cache", batching={"maxBatchSize": 32, "maxContextLength": 4096,
+                                                      "maxSeqLen": 8192})
+    more = golden.target("trn1-s3-cache", replicas=4)
+    job = lambda t: one(builders.compile_children(t), "Job")  # noqa: E731
+    assert job(base)["metadata"]["name"] != job(bigger)["metadata"]["name"]
+    assert job(base)["metadata"]["name"] == f"llama-8b-compile-{base.resolved.compile_key[:10]}"
+    assert job(base)["metadata"]["annotations"][api.ANNOTATION_COMPILE_KEY] == base.resolved.compile_key
+    assert job(more) == job(base)  # replicas do not change the compiled graphs
+    cm = one(builders.compile_children(base), "ConfigMap")
+    assert cm["metadata"]["name"] == job(base)["metadata"]["name"]
+    assert {"name": "config", "configMap": {"name": cm["metadata"]["name"]}} in \
+        job(base)["spec"]["template"]["spec"]["volumes"]
+
+
+def test_compile_job_retries_under_a_deadline_without_probes():
+    job = one(golden.children("trn1-s3-cache"), "Job")
+    assert job["spec"]["backoffLimit"] == 4 and job["spec"]["activeDeadlineSeconds"] == 6 * 3600
+    template = job["spec"]["template"]
+    assert template["metadata"]["labels"][api.LABEL_COMPONENT] == "compile"
+    assert template["spec"]["restartPolicy"] == "Never"
+    container = runtime_container(template)
+    assert container["command"] == ["neuronmodel-runtime", "compile", "--config", "/etc/neuronmodel/config.json"]
+    assert not {"startupProbe", "readinessProbe", "livenessProbe", "ports"} & set(container)
+    serving = serving_template(golden.children("trn1-s3-cache"))
+    assert template["spec"]["nodeSelector"] == serving["spec"]["nodeSelector"]
+    assert container["resources"] == runtime_container(serving)["resources"]
+
+
+def test_rollout_keeps_capacity_by_default():
+    strategy = one(golden.children("inf2-hf"), "Deployment")["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    custom = one(golden.children("replicas-3"), "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert custom == {"maxUnavailable": 1, "maxSurge": 0}
+    lws = one(golden.children("multinode-lws"), "LeaderWorkerSet")["spec"]["rolloutStrategy"]
+    assert lws == {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}}
+
+
+def test_pdb_when_more_than_one_replica():
+    assert one(golden.children("replicas-3"), "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert not by_kind(golden.children("inf2-hf"), "PodDisruptionBudget")
+    assert by_kind(golden.children("trn2-lnc-autoscale"), "PodDisruptionBudget")  # maxReplicas 4
+    assert by_kind(builders.serving_children(golden.target("inf2-hf", replicas=2)), "PodDisruptionBudget")
+
+
+# Labels, owners, determinism
+
+@pytest.mark.parametrize("case", CASES)
+def test_owner_labels_and_annotations_never_reach_children(case):
+    """The NeuronModel's Helm labels stay on it: children carry exactly our labels."""
+    name = golden.CASES[case]["metadata"]["name"]
+    for child in golden.children(case):
+        component = child["metadata"]["labels"][api.LABEL_COMPONENT]
+        ours = common.labels(golden.target(case), component)
+        assert child["metadata"]["labels"] == ours
+        assert ours[api.LABEL_INSTANCE] == name and ours[api.LABEL_MANAGED_BY] == "neuronmodel-operator"
+        text = golden.render(child)
+        for key in ("helm.sh/chart", "team", "note"):
+            assert f"{key}:" not in text
+        assert "Helm" not in text and "release-a" not in text
+    for _, template in pod_templates(golden.children(case)):
+        assert template["metadata"]["labels"] == common.labels(
+            golden.target(case), template["metadata"]["labels"][api.LABEL_COMPONENT])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_child_is_owned_by_its_neuron_model(case):
+    body = golden.CASES[case]
+    for child in golden.children(case):
+        assert child["metadata"]["ownerReferences"] == [{
+            "apiVersion": "neuronmodel.dev/v1alpha1", "kind": "NeuronModel", "name": body["metadata"]["name"],
+            "uid": body["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+        assert child["metadata"]["namespace"] == body["metadata"]["namespace"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_builders_are_deterministic_and_return_fresh_dicts(case):
+    first = golden.children(case)
+    snapshot = copy.deepcopy(first)
+    first[0]["metadata"]["labels"]["mutated"] = "yes"
+    assert golden.children(case) == snapshot
+    assert "generateName" not in json.dumps(snapshot) and "creationTimestamp" not in json.dumps(snapshot)
+
+
+def test_served_spec_annotation_round_trips():
+    for case in CASES:
+        t = golden.target(case)
+        workload = next(c for c in builders.serving_children(t) if c["kind"] in ("Deployment", "LeaderWorkerSet"))
+        served = json.loads(workload["metadata"]["annotations"][api.ANNOTATION_SERVED_SPEC])
+        assert api.parse_spec(served) == t.spec
+
+
+# Security
+
+@pytest.mark.parametrize("case", CASES)
+def test_restricted_security_context_on_every_container(case):
+    for where, template in pod_templates(golden.children(case)):
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["securityContext"]["runAsUser"] == spec["securityContext"]["fsGroup"] == 1000
+        assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+        assert spec["terminationGracePeriodSeconds"] == 45
+        containers = spec["containers"] + spec.get("initContainers", [])
+        for c in containers:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, (where, c["name"])
+            assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["shm"] == {"name": "shm", "emptyDir": {"medium": "Memory"}}
+        mounts = {m["mountPath"]: m["name"] for m in runtime_container(template)["volumeMounts"]}
+        for path, volume in {"/tmp": "tmp", "/dev/shm": "shm", "/var/cache/neuronmodel": "cache",
+                             "/var/tmp": "neuron-cache", "/etc/neuronmodel": "config"}.items():
+            assert mounts[path] == volume
+
+
+# Probes
+
+def test_startup_budget_rules():
+    torch, cached, in_pod = golden.target("tiny-torch"), golden.target("trn1-s3-cache"), golden.target("inf2-hf")
+    never = golden.target("prompt-lookup")  # a cache read with policy Never: no Job, artifacts already there
+    assert [builders.startup_budget_s(t) for t in (torch, cached, never, in_pod)] == [600, 1800, 1800, 14400]
+    for t in (torch, cached, in_pod):
+        deployment = builders.deployment(t)
+        container = runtime_container(deployment["spec"]["template"])
+        startup = container["startupProbe"]
+        assert startup["httpGet"] == {"path": "/ready", "port": "http"}
+        assert startup["periodSeconds"] * startup["failureThreshold"] == builders.startup_budget_s(t)
+        assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+        assert container["readinessProbe"]["periodSeconds"] == 5
+        assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+        assert (container["livenessProbe"]["periodSeconds"], container["livenessProbe"]["failureThreshold"]) == (10, 3)
+        assert deployment["spec"]["progressDeadlineSeconds"] == builders.startup_budget_s(t) + 600
+
+
+def test_serving_pods_expose_http_and_metrics():
+    template = serving_template(golden.children("replicas-3"))
+    assert runtime_container(template)["ports"] == [{"name": "http", "containerPort": 9000, "protocol": "TCP"}]
+    assert runtime_container(template)["command"] == ["neuronmodel-runtime", "serve", "--config",
+                                                      "/etc/neuronmodel/config.json"]
+    annotations = template["metadata"]["annotations"]
+    assert (annotations["prometheus.io/scrape"], annotations["prometheus.io/port"],
+            annotations["prometheus.io/path"]) == ("true", "9000", "/metrics")
+    assert annotations[api.ANNOTATION_COMPILE_KEY] == golden.target("replicas-3").resolved.compile_key
+
+
+# Service and multi-node
+
+def test_service_selects_leader_pods_only_for_lws():
+    lws_children = golden.children("multinode-lws")
+    svc = one(lws_children, "Service")["spec"]
+    assert svc["selector"] == {"neuronmodel.dev/name": "llama-405b", "app.kubernetes.io/component": "server",
+                               "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    assert svc["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert builders.selector_string(golden.target("multinode-lws")) == (
+        "app.kubernetes.io/component=server,leaderworkerset.sigs.k8s.io/worker-index=0,"
+        "neuronmodel.dev/name=llama-405b")
+    single = one(golden.children("inf2-hf"), "Service")["spec"]["selector"]
+    assert single == one(golden.children("inf2-hf"), "Deployment")["spec"]["selector"]["matchLabels"]
+    assert builders.selector_string(golden.target("inf2-hf")) == \
+        "app.kubernetes.io/component=server,neuronmodel.dev/name=llama-1b"
+    assert builders.endpoint(golden.target("replicas-3")) == "http://smollm.models.svc.cluster.local:9000"
+
+
+def test_leaderworkerset_groups():
+    lws = one(golden.children("multinode-lws"), "LeaderWorkerSet")
+    assert not by_kind(golden.children("multinode-lws"), "Deployment")
+    # Not `<name>`: the LWS controller makes a headless Service named like the LWS, and ours is `<name>`.
+    assert lws["metadata"]["name"] == "llama-405b-lws" != one(golden.children("multinode-lws"), "Service")[
+        "metadata"]["name"]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert (template["size"], template["restartPolicy"]) == (2, "RecreateGroupOnPodRestart")
+    assert lws["spec"]["startupPolicy"] == "LeaderCreated" and lws["spec"]["replicas"] == 2
+    worker = runtime_container(template["workerTemplate"])
+    assert worker["command"] == ["neuronmodel-runtime", "worker", "--config", "/etc/neuronmodel/config.json"]
+    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(worker)
+    assert "readinessProbe" in runtime_container(template["leaderTemplate"])
+    assert worker["resources"] == runtime_container(template["leaderTemplate"])["resources"]
+
+
+def _unknown_fields(value: Any, schema: dict[str, Any], path: str) -> Iterator[str]:
+    """Fields of `value` that `schema` (a structural CRD schema) does not define: the API server would prune
+    them silently."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if props is not None and key in props:
+                yield from _unknown_fields(item, props[key], f"{path}.{key}")
+            elif isinstance(extra, dict):
+                yield from _unknown_fields(item, extra, f"{path}.{key}")
+            elif props is not None or extra is None:
+                yield f"{path}.{key}"
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            yield from _unknown_fields(item, schema["items"], f"{path}[{i}]")
+
+
+def test_leaderworkerset_matches_the_installed_crd_schema():
+    """Field names, types and enums against the LWS CRD the control plane installs (make k8s-bin)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from k8s import install  # noqa: E402
+
+    crd_path = install.lws_crd()
+    if not crd_path.exists():
+        pytest.skip(f"{crd_path} is not installed (make k8s-bin)")
+    crd = yaml.safe_load(crd_path.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema = version["schema"]["openAPIV3Schema"]
+    for t in (golden.target("multinode-lws"), golden.target("multinode-lws", replicas=None,
+                                                            autoscaling={"maxReplicas": 2})):
+        lws = builders.leaderworkerset(t)
+        assert lws["apiVersion"] == f"{crd['spec']['group']}/v1" and lws["kind"] == crd["spec"]["names"]["kind"]
+        body = {k: v for k, v in lws.items() if k != "metadata"}
+        assert list(_unknown_fields(body, schema, "")) == []
+        jsonschema.validate(body, {**schema, "properties": {k: v for k, v in schema["properties"].items()
+                                                            if k != "metadata"}})
+
+
+# Sources and volumes
+
+def test_node_path_model_is_mounted_at_the_same_path():
+    """So the pod's command also runs on the host, unchanged (the integration tests do)."""
+    t = golden.target("tiny-torch")
+    path = "/opt/neuronmodel/models/tiny"
+    assert builders.runtime_config(t)["model"] == path
+    spec = builders.pod_spec(t, pod.SERVE_COMMAND, "serve")
+    assert {"name": "model", "hostPath": {"path": path, "type": "Directory"}} in spec["volumes"]
+    assert {"name": "model", "mountPath": path, "readOnly": True} in spec["containers"][0]["volumeMounts"]
+    assert "initContainers" not in spec
+
+
+def test_downloaded_models_come_from_init_containers():
+    t = golden.target("draft-hf")
+    config = builders.runtime_config(t)
+    assert (config["model"], config["speculation"]["draft_model"]) == ("/models/model", "/models/draft")
+    spec = builders.pod_spec(t, pod.SERVE_COMMAND, "serve")
+    assert [i["name"] for i in spec["initContainers"]] == ["fetch-model", "fetch-draft"]
+    assert spec["initContainers"][0]["command"] == [
+        "neuronmodel-runtime", "fetch", "hf://meta-llama/Llama-3.1-8B-Instruct", "/models/model"]
+    assert spec["initContainers"][1]["command"] == [
+        "neuronmodel-runtime", "fetch", "hf://meta-llama/Llama-3.2-1B-Instruct", "/models/draft", "--revision", "main"]
+    assert all(i["image"] == t.resolved.image and "resources" not in i for i in spec["initContainers"])
+    assert {"name": "models", "mountPath": "/models"} in spec["initContainers"][0]["volumeMounts"]
+    assert [v for v in spec["volumes"] if v["name"] == "models"] == [{"name": "models", "emptyDir": {}}]
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in spec["containers"][0]["volumeMounts"]
+    pinned = builders.pod_spec(golden.target("inf2-hf"), pod.SERVE_COMMAND, "serve")["initContainers"][0]
+    assert pinned["command"][-2:] == ["--revision", "9213176726f574b556790deb65791e0c5aa438b6"]
+
+
+def test_pvc_sources_and_caches():
+    t = golden.target("multinode-lws")
+    config = builders.runtime_config(t)
+    assert config["model"] == "/mnt/model/llama-3.1-405b-instruct"
+    assert config["compile_cache"]["url"] == "/mnt/compile-cache/llama-405b"
+    spec = builders.pod_spec(t, pod.SERVE_COMMAND, "serve")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "model-store", "readOnly": True}
+    assert volumes["compile-cache"]["persistentVolumeClaim"] == {"claimName": "neuron-cache"}
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert mounts["compile-cache"] == {"name": "compile-cache", "mountPath": "/mnt/compile-cache"}  # writable
+    assert mounts["model"]["readOnly"] is True
+
+
+def test_s3_and_node_path_caches():
+    s3 = golden.target("trn1-s3-cache")
+    assert builders.runtime_config(s3)["compile_cache"]["url"] == "s3://acme-neuron-cache/prod"
+    assert "compile-cache" not in {v["name"] for v in builders.pod_spec(s3, pod.SERVE_COMMAND, "serve")["volumes"]}
+    node = golden.target("prompt-lookup")
+    path = "/var/lib/neuronmodel/compile-cache"
+    assert builders.runtime_config(node)["compile_cache"]["url"] == path
+    spec = builders.pod_spec(node, pod.SERVE_COMMAND, "serve")
+    assert {"name": "compile-cache", "hostPath": {"path": path, "type": "DirectoryOrCreate"}} in spec["volumes"]
+    assert {"name": "compile-cache", "mountPath": path} in spec["containers"][0]["volumeMounts"]
+
+
+def test_one_rule_places_sources_for_config_and_pod():
+    """Whatever the source, the path in the config lies under a mount of the runtime container (or is s3://)."""
+    for case in CASES:
+        t = golden.target(case)
+        config = builders.runtime_config(t)
+        mounts = [m["mountPath"] for m in builders.pod_spec(t, pod.SERVE_COMMAND, "serve")["containers"][0][
+            "volumeMounts"]]
+        for path in (config["model"], config["speculation"]["draft_model"], config["compile_cache"]["url"]):
+            if path is None or path.startswith("s3://"):
+                continue
+            assert any(path == m or path.startswith(m + "/") for m in mounts), (case, path)
+
+
+@pytest.mark.parametrize("source, message", [
+    ("pvc://store/../../etc", "inside the claim"),
+    ("/tmp", "/tmp"),
+    ("/", "mounted over"),
+    ("/models", "/models"),
+])
+def test_sources_that_would_break_the_pod_are_refused(source, message):
+    with pytest.raises(SpecError, match=message):
+        sources.source_mount(source, "model")
+
+
+def test_pvc_claim_without_a_path_is_the_claim_root():
+    assert sources.source_mount("pvc://store", "model").path == "/mnt/model"
+    assert sources.source_mount("pvc://store/", "draft").path == "/mnt/draft"
+    assert sources.source_mount("pvc://store/a/b/", "model").path == "/mnt/model/a/b"
