@@ -52,7 +52,8 @@ SERVER_PORT_NAME = "http"
 MAX_NAME_LENGTH = 40
 NAME_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
-# Shapes CEL checks against (kept short: CEL's cost budget grows with string lengths).
+# Shapes CEL checks against (kept short: CEL's cost budget grows with string lengths). The rules quote them as
+# raw CEL strings, r'...': `\s` is not an escape CEL's ordinary string literals accept (the CRD would not install).
 _SOURCE_RE = (r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?"
               r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$")
 _CACHE_URL_RE = r"^(s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
@@ -77,7 +78,7 @@ class SecretKeyRef(_Spec):
 
 class DraftModel(_Spec):
     source: str = Field(description=f"Where the draft model is: {_SOURCE_FORMS}.", max_length=1024,
-                        json_schema_extra=_rules((f"self.matches('{_SOURCE_RE}')",
+                        json_schema_extra=_rules((f"self.matches(r'{_SOURCE_RE}')",
                                                   f"draftModel.source must be {_SOURCE_FORMS}")))
     revision: Optional[str] = Field(None, description="hf:// revision (branch, tag or commit); default main.",
                                     max_length=256)
@@ -87,7 +88,7 @@ class ModelSpec(_Spec):
     source: str = Field(
         description=f"Where the model is: {_SOURCE_FORMS}. hf:// and s3:// are downloaded by an init container "
         "(`neuronmodel-runtime fetch`); pvc:// and paths are mounted.", max_length=1024,
-        json_schema_extra=_rules((f"self.matches('{_SOURCE_RE}')", f"model.source must be {_SOURCE_FORMS}")))
+        json_schema_extra=_rules((f"self.matches(r'{_SOURCE_RE}')", f"model.source must be {_SOURCE_FORMS}")))
     revision: Optional[str] = Field(None, description="hf:// revision (branch, tag or commit); default main. "
                                     "Pin a commit for reproducible compile-cache keys.", max_length=256)
     token_secret_ref: Optional[SecretKeyRef] = Field(
@@ -155,7 +156,7 @@ class CompileCache(_Spec):
     url: Optional[str] = Field(
         None, description="Compiled-artifact cache: s3://bucket/prefix, pvc://claim/path or a node path. With "
         "policy IfNotCached or Always a compile Job fills it before the serving pods start.", max_length=1024,
-        json_schema_extra=_rules((f"self.matches('{_CACHE_URL_RE}')",
+        json_schema_extra=_rules((f"self.matches(r'{_CACHE_URL_RE}')",
                                   "compileCache.url must be s3://bucket/prefix, pvc://claim/path or an absolute path")))
     policy: Literal["IfNotCached", "Always", "Never"] = Field(
         "IfNotCached", description="IfNotCached: compile on a miss; Always: recompile; Never: serving pods never "
@@ -329,9 +330,13 @@ class Timings(_Spec):
 
 
 class NeuronModelStatus(_Spec):
+    """What the operator observed and decided; written by the operator only (status subresource)."""
+
     phase: Optional[Phase] = Field(None, description="Pending, Compiling, Loading, Ready, Degraded or Failed.")
     conditions: list[Condition] = Field(default_factory=list, description="ArtifactsReady, Available, "
-                                        "Progressing, Ready.")
+                                        "Progressing, Ready.",
+                                        json_schema_extra={"x-kubernetes-list-type": "map",
+                                                           "x-kubernetes-list-map-keys": ["type"]})
     replicas: Optional[int] = Field(None, description="Serving pods (groups when nodes > 1), ready or not: the "
                                     "scale subresource reads this.")
     ready_replicas: Optional[int] = Field(None, description="Serving pods (groups) that are ready.")
