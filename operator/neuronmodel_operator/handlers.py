@@ -82,7 +82,7 @@ def configure(settings: kopf.OperatorSettings, client_timeout_s: float) -> None:
     settings.posting.enabled = False
     # Python 3.10 has no watch bookmarks / inactivity detection in kopf: a client-side timeout restarts a watch
     # that a load balancer silently dropped. The server ends each watch a little earlier, cleanly.
-    settings.watching.server_timeout = max(client_timeout_s - 30, 30)
+    settings.watching.server_timeout = int(max(client_timeout_s - 30, 30))  # the API takes whole seconds
     settings.watching.client_timeout = client_timeout_s
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
@@ -90,6 +90,13 @@ def configure(settings: kopf.OperatorSettings, client_timeout_s: float) -> None:
     for group, version, plural in CHILDREN:
         settings.watching.label_selectors[group, version, plural] = \
             f"{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
+
+
+@kopf.on.login(registry=registry)
+def login(**kwargs: Any) -> Any:
+    """In a pod: the ServiceAccount; outside: the file KUBECONFIG names (read now, not at import time as the
+    kubernetes client does). Our own registry does not get kopf's default login handlers."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, registry=registry)

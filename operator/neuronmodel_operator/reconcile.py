@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from neuronmodel_operator import api, builders, status
-from neuronmodel_operator.builders.common import Target, selector_string
+from neuronmodel_operator.builders.common import Target, selector_string, target_from_body, workload_name
 from neuronmodel_operator.builders.service import endpoint
 from neuronmodel_operator.k8s import ApiError, Kube
 from neuronmodel_operator.resolve import OperatorDefaults, Resolved, resolve
@@ -76,14 +76,12 @@ class Reconcile:
         body = self.kube.get(api.KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return Outcome(gone=True)  # children go with it through their ownerReferences
-        meta = body["metadata"]
         try:
-            spec = api.parse_spec(body.get("spec") or {})
-            resolved = resolve(spec, self.defaults)
+            target = target_from_body(body, self.defaults)
         except api.SpecError as exc:
             self._write_status(body, None, None, str(exc), None, None, [], held=False)
             return Outcome(spec_error=str(exc))
-        target = Target(name, namespace, meta["uid"], spec, resolved)
+        resolved = target.resolved
         try:
             return self._apply(body, target, cleanup)
         except ApiError as exc:
@@ -99,11 +97,11 @@ class Reconcile:
             applied = self.kube.apply(manifest)
             if manifest["kind"] == "Job":
                 job = applied
-        workload_kind = "LeaderWorkerSet" if target.spec.parallelism.nodes > 1 else "Deployment"
+        workload_kind = "LeaderWorkerSet" if target.multi_node else "Deployment"
         serving: Optional[Target] = target
         held = False
         if target.resolved.compile_job and not _succeeded(job):
-            existing = self.kube.get(workload_kind, target.namespace, target.name)
+            existing = self.kube.get(workload_kind, target.namespace, workload_name(target))
             previous = _served_target(existing, target, self.defaults)
             if previous is not None:
                 serving, held = previous, True

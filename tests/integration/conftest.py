@@ -13,8 +13,12 @@ Helpers (session fixtures): `admin_client` (official `kubernetes` client as `sys
 from __future__ import annotations
 
 import atexit
+import json
+import os
+import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,3 +136,149 @@ def install_crds(control_plane, admin_client, wait_until):
                 wait_until(f"CRD {name} Established", lambda name=name: established(name))
 
     return apply
+
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "neuronmodels.neuronmodel.dev.yaml"
+RBAC_RULES = ROOT / "rbac" / "operator-rules.yaml"
+TEST_IMAGE = "neuronmodel-runtime:test"
+
+
+class OperatorProcess:
+    """`neuronmodel-operator` as a subprocess, watching every namespace as its own ServiceAccount."""
+
+    def __init__(self, kubeconfig: Path, log: Path):
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.liveness = f"http://127.0.0.1:{port}/healthz"
+        exe = Path(sys.executable).parent / "neuronmodel-operator"
+        with self.log.open("a") as out:
+            self.process = subprocess.Popen(
+                [str(exe), "--kubeconfig", str(self.kubeconfig), "--liveness", self.liveness,
+                 "--runtime-image", TEST_IMAGE, "--verbose"],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 60
+        while True:  # kopf answers its liveness probe once it has started watching
+            try:
+                with urllib.request.urlopen(self.liveness, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"neuronmodel-operator did not start; log:\n{self.log.read_text()[-4000:]}")
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill would: no cleanup runs."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="session")
+def neuronmodel_crd(install_crds) -> Path:
+    install_crds(CRD)
+    return CRD
+
+
+@pytest.fixture(scope="session")
+def operator_rbac(control_plane, admin_client, wait_until) -> ServiceAccountAccess:
+    """The operator's ServiceAccount bound to exactly rbac/operator-rules.yaml (cluster-wide) and nothing else."""
+    import yaml
+
+    rules = yaml.safe_load(RBAC_RULES.read_text())
+    core, rbac = kube.CoreV1Api(admin_client), kube.RbacAuthorizationV1Api(admin_client)
+    namespace, name = "neuronmodel-system", "neuronmodel-operator"
+    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    for suffix, role_rules in (("", rules["namespaced"]), ("-cluster", rules["cluster"])):
+        rbac.create_cluster_role({"metadata": {"name": name + suffix}, "rules": role_rules})
+        rbac.create_cluster_role_binding({
+            "metadata": {"name": name + suffix},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name + suffix},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+    review = {"spec": {"user": f"system:serviceaccount:{namespace}:{name}", "resourceAttributes": {
+        "verb": "watch", "group": "apiextensions.k8s.io", "resource": "customresourcedefinitions"}}}
+    authz = kube.AuthorizationV1Api(admin_client)
+    wait_until("operator RBAC", lambda: authz.create_subject_access_review(review).status.allowed)
+    token = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"audiences": [], "expirationSeconds": 7200}}).status.token
+    kubeconfig = control_plane.data_dir / "operator.kubeconfig"
+    control_plane.write_kubeconfig(kubeconfig, token)
+    return ServiceAccountAccess(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)), token,
+                                kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def operator(neuronmodel_crd, operator_rbac, control_plane) -> OperatorProcess:
+    """The operator, running for the whole session (tests that stop it start it again)."""
+    process = OperatorProcess(operator_rbac.kubeconfig, control_plane.data_dir / "logs" / "operator.log")
+    process.start()
+    yield process
+    process.stop()
+
+
+GROUP, VERSION, PLURAL = "neuronmodel.dev", "v1alpha1", "neuronmodels"
+
+
+@pytest.fixture
+def api(admin_client, control_plane, operator, namespace, wait_until):
+    return Api(admin_client, control_plane, namespace, wait_until)
+
+
+class Api:
+    """What a test does as a user: apply, read, wait, with the admin's client."""
+
+    def __init__(self, client, plane, namespace, wait_until):
+        self.custom, self.apps = kube.CustomObjectsApi(client), kube.AppsV1Api(client)
+        self.core, self.batch = kube.CoreV1Api(client), kube.BatchV1Api(client)
+        self.plane, self.ns, self.wait_until = plane, namespace, wait_until
+
+    def apply(self, body: dict) -> None:
+        self.plane.kubectl("apply", "--server-side", "--field-manager=test-user", "-n", self.ns, "-f", "-",
+                           stdin=json.dumps(body))
+
+    def get(self, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def patch(self, name: str, spec: dict) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
+
+    def phase(self, name: str, phase: str, timeout: float = 90) -> dict:
+        def reached():
+            body = self.get(name)
+            return body if body.get("status", {}).get("phase") == phase else None
+        try:
+            return self.wait_until(f"{name} {phase}", reached, timeout)
+        except TimeoutError:
+            raise AssertionError(f"{name} never reached {phase}: status {self.get(name).get('status')}") from None
+
+    def deployment(self, name: str):
+        try:
+            return self.apps.read_namespaced_deployment(name, self.ns)
+        except kube.exceptions.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def events(self, name: str) -> list:
+        return self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+
+
