@@ -1,4 +1,4 @@
-"""`neuronmodel-runtime`: serve | info | selftest. Parses the one RuntimeConfig at the edge and wires the parts."""
+"""`neuronmodel-runtime`: serve | fetch | info | selftest. Parses the RuntimeConfig at the edge and wires the parts."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from neuronmodel_runtime.config import (
     read_model_config,
     resolve_model_limits,
 )
+from neuronmodel_runtime.fetch import FetchError, fetch
 from neuronmodel_runtime.frameworks import FrameworkError, detect_frameworks, report, select_framework
 from neuronmodel_runtime.runners.base import RunnerError
 
@@ -56,10 +57,11 @@ def _help(setting: Setting) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
+    logs = _Parser(add_help=False)
+    logs.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
+    common = _Parser(add_help=False, parents=[logs])
     common.add_argument("--config", metavar="FILE", help="RuntimeConfig JSON file; NEURONMODEL_* variables override it, "
                         "and flags override both")
-    common.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     fields = common.add_argument_group("RuntimeConfig fields (each also settable as NEURONMODEL_<NAME>)")
     for setting in SETTINGS.values():
         fields.add_argument(setting.flag, dest=setting.path, metavar=_metavar(setting), help=_help(setting))
@@ -69,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("info", parents=[common], help="print framework detection and the effective config as JSON")
     st = sub.add_parser("selftest", parents=[common], help="load the model and generate a few tokens")
     st.add_argument("--tokens", type=int, default=16, help="tokens generated per prompt")
+    fe = sub.add_parser("fetch", parents=[logs], help="download an hf:// or s3:// model source into a folder, "
+                        "atomically and resumably (the operator's init container)")
+    fe.add_argument("source", metavar="SOURCE", help="hf://ORG/NAME (HF_TOKEN, HF_ENDPOINT) or s3://BUCKET/PREFIX "
+                    "(AWS credential chain, AWS_ENDPOINT_URL)")
+    fe.add_argument("dest", metavar="DEST", help="the model folder to create; staged in DEST.partial beside it")
+    fe.add_argument("--revision", help="branch, tag or commit of an hf:// source (default main); s3:// has none")
     return parser
 
 
@@ -195,6 +203,8 @@ def _info(config: RuntimeConfig) -> int:
 def _start(args: argparse.Namespace) -> Callable[[], int]:
     """Everything that can fail before the command does its work (config, listen address, model load); returns
     the work. Start-up failures raise; failures of the work itself are bugs, with their tracebacks."""
+    if args.command == "fetch":  # no RuntimeConfig, no model: it downloads the model
+        return functools.partial(_fetch, args.source, args.dest, args.revision)
     config = _config(args)
     if args.command == "info":
         if (model_folder(config) / "config.json").is_file():  # the effective config: with the model's limits
@@ -209,6 +219,16 @@ def _start(args: argparse.Namespace) -> Callable[[], int]:
 
     config = with_model_limits(config)  # as build_engine resolved it: /v1/info reports the lengths served
     return functools.partial(serve, create_app(engine, config), config)
+
+
+def _fetch(source: str, dest: str, revision: Optional[str]) -> int:
+    """`fetch`: its failures (no such repository, credentials, network, ...) are one line and exit code 2, like
+    start-up errors: they are the init container's whole work."""
+    try:
+        fetch(source, dest, revision)
+    except FetchError as exc:
+        return _fail(exc)
+    return 0
 
 
 def _selftest(engine: Any, tokens: int) -> int:
@@ -237,6 +257,11 @@ def _selftest(engine: Any, tokens: int) -> int:
     return 0
 
 
+def _fail(exc: Exception) -> int:
+    print("neuronmodel-runtime: " + " ".join(str(exc).split()), file=sys.stderr)
+    return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run a command and return its exit code; every start-up failure is one line on stderr and exit code 2."""
     try:
@@ -247,8 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         work = _start(args)
     except STARTUP_ERRORS as exc:
-        print("neuronmodel-runtime: " + " ".join(str(exc).split()), file=sys.stderr)
-        return 2
+        return _fail(exc)
     return work()
 
 
