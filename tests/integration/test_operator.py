@@ -64,12 +64,31 @@ def test_tiny_sample_becomes_ready_with_its_children(api):
     assert table[1].split()[:6] == [name, "Ready", "torch", "1", "1/1", status["endpoint"]]
 
 
+def claim(api, name: str) -> None:
+    """A PersistentVolumeClaim bound to a hostPath PersistentVolume of its own (the scheduler waits for unbound
+    claims)."""
+    volume = f"{api.ns}-{name}"
+    api.core.create_persistent_volume({
+        "metadata": {"name": volume}, "spec": {
+            "capacity": {"storage": "1Ti"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+            "hostPath": {"path": f"/tmp/{volume}"}, "persistentVolumeReclaimPolicy": "Delete",
+            "claimRef": {"namespace": api.ns, "name": name}}})
+    api.core.create_namespaced_persistent_volume_claim(api.ns, {
+        "metadata": {"name": name}, "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                                             "volumeName": volume, "resources": {"requests": {"storage": "1Ti"}}}})
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in SAMPLES.glob("*.yaml")))
 def test_every_sample_gets_its_children(api, name):
     body = sample(name)
+    spec = body["spec"]
+    if "serviceAccountName" in spec:  # what a user creates first (IRSA for s3:// caches)
+        api.core.create_namespaced_service_account(api.ns, {"metadata": {"name": spec["serviceAccountName"]}})
+    for source in (spec["model"]["source"], spec.get("compileCache", {}).get("url") or ""):
+        if source.startswith("pvc://"):  # and the claims, bound to a volume
+            claim(api, source.removeprefix("pvc://").split("/")[0])
     api.apply(body)
     model = body["metadata"]["name"]
-    spec = body["spec"]
     multinode = spec.get("parallelism", {}).get("nodes", 1) > 1
     api.wait_until("the serving workload", lambda: api.custom.list_namespaced_custom_object(
         "leaderworkerset.x-k8s.io", "v1", api.ns, "leaderworkersets")["items"] if multinode

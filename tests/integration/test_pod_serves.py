@@ -129,7 +129,7 @@ def test_the_operators_pod_template_serves_a_chat_completion(api, tmp_path):
         with urllib.request.urlopen(request, timeout=60) as response:
             reply = json.loads(response.read())
         assert reply["object"] == "chat.completion"
-        assert reply["model"] == name
+        assert reply["model"] == config["server"]["served_model_name"]
         assert reply["usage"]["completion_tokens"] >= 1
         assert isinstance(reply["choices"][0]["message"]["content"], str)
     finally:
