@@ -212,7 +212,7 @@ def _network_errors() -> tuple[type[Exception], ...]:
     """The transport errors of the HTTP client huggingface_hub uses: httpx2 (2.x), httpx (1.x) or requests (0.x)."""
     found = []
     for module, names in (("httpx2", ("TransportError",)), ("httpx", ("TransportError",)),
-                          ("requests", ("ConnectionError", "Timeout"))):
+                          ("requests.exceptions", ("ConnectionError", "Timeout", "ChunkedEncodingError"))):
         with contextlib.suppress(ImportError):
             found += [getattr(importlib.import_module(module), name) for name in names]
     return tuple(found)
@@ -222,9 +222,10 @@ class _Hub:
     """A Hugging Face Hub repository (or a mirror at HF_ENDPOINT), through huggingface_hub.
 
     huggingface_hub reads HF_TOKEN and HF_ENDPOINT itself, when it is imported. A file is downloaded by
-    hf_hub_download into the staging folder (`local_dir`), which renames it into place when complete and, within one
-    run, resumes a dropped connection with a Range request; an interrupted run leaves no partial file to resume, so
-    such a file starts again from its first byte.
+    hf_hub_download into the staging folder (`local_dir`), which renames it into place when complete. A dropped
+    connection is resumed within the run with a Range request (by huggingface_hub, or by its `.incomplete` file when
+    fetch retries the file); huggingface_hub 2.x keeps no partial file across runs, so after an interrupted run such
+    a file starts again from its first byte.
     """
 
     def __init__(self, source: ModelSource, revision: str) -> None:
@@ -264,7 +265,9 @@ class _Hub:
     def download(self, file: RemoteFile, staging: Path, stop: threading.Event) -> int:
         from huggingface_hub import hf_hub_download
 
-        hf_hub_download(self.source.location, file.path, revision=self.commit, local_dir=staging)
+        _with_retries(lambda: hf_hub_download(self.source.location, file.path, revision=self.commit,
+                                              local_dir=staging),
+                      self._transient, f"downloading {file.path}")
         return file.size
 
     @staticmethod
@@ -300,7 +303,7 @@ class _Hub:
                               "later, or check HF_ENDPOINT")
         if isinstance(exc, (*_network_errors(), LocalEntryNotFoundError)):
             cause = exc.__cause__ or exc
-            return FetchError(f"{url}: cannot reach {constants.ENDPOINT} after retries ({type(cause).__name__}: "
+            return FetchError(f"{url}: no connection to {constants.ENDPOINT} after retries ({type(cause).__name__}: "
                               f"{str(cause).splitlines()[0] if str(cause) else '-'}): check the pod's network, or "
                               "HF_ENDPOINT for a mirror")
         return None

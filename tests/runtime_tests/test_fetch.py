@@ -504,14 +504,15 @@ def test_hf_already_fetched_makes_no_request(hub, tmp_path):
 
 
 def test_hf_connection_cut_midway_resumes_with_a_range(hub, tmp_path):
-    """huggingface_hub resumes a dropped connection itself, from the bytes it has (in 10 MiB chunks)."""
+    """A dropped connection is resumed from the bytes already there (huggingface_hub 2.x keeps them in 10 MiB
+    chunks; 0.x resumes its .incomplete file when fetch retries the file)."""
     dest = tmp_path / "model"
     hub.faults.cut("model.safetensors", 11 * MiB)
     result = run_fetch(f"hf://{HUB_REPO}", str(dest), env=hub_env(hub, tmp_path))
     assert result.returncode == 0, result.stderr
     assert_fetched(dest, served(hub), f"hf://{HUB_REPO}")
     assert [r.range for r in hub.gets("model.safetensors")] == [None, "bytes=10485760-"]
-    assert result.stderr.count("Trying to resume download") == 1  # logged once, through the root handler
+    assert result.stderr.count("Trying to resume download") <= 1  # huggingface_hub's warning, not printed twice
 
 
 def test_hf_killed_fetch_keeps_finished_files(hub, tmp_path):
@@ -555,8 +556,8 @@ def test_hf_errors(hub, tmp_path, token, source, revision, message):
 def test_hf_unreachable(tmp_path):
     env = clean_env(HF_ENDPOINT=f"http://127.0.0.1:{free_port()}", HF_HOME=str(tmp_path / "hf-home"))
     line = error_line(run_fetch(f"hf://{HUB_REPO}", str(tmp_path / "model"), env=env))
-    assert f"hf://{HUB_REPO}: cannot reach http://127.0.0.1:" in line
-    assert "after retries (ConnectError" in line and "check the pod's network, or HF_ENDPOINT" in line
+    assert f"hf://{HUB_REPO}: no connection to http://127.0.0.1:" in line
+    assert "after retries (Connect" in line and "check the pod's network, or HF_ENDPOINT" in line
 
 
 def test_model_source_is_hashable_and_plain():
