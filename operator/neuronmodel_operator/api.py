@@ -178,6 +178,11 @@ class Autoscaling(_Spec):
 
 
 class Rollout(_Spec):
+    model_config = ConfigDict(json_schema_extra=_rules((
+        "!(string(self.maxUnavailable) in ['0', '0%'] && string(self.maxSurge) in ['0', '0%'])",
+        "rollout.maxUnavailable and rollout.maxSurge must not both be 0 (a rollout could replace no pod): set "
+        "maxSurge 1 (needs spare NeuronCores) or maxUnavailable 1")))
+
     max_unavailable: Union[int, str] = Field(
         0, description="Pods that may be unavailable during a rollout; 0 keeps serving capacity.",
         json_schema_extra={"x-kubernetes-int-or-string": True})

@@ -88,11 +88,11 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     image = spec.image or defaults.image
     compile_job = spec.compile_cache.url is not None and spec.compile_cache.policy != "Never"
     cores_per_pod = spec.parallelism.tensor_parallel_degree // spec.parallelism.nodes
-    on_cpu = spec.framework == "torch" and (spec.instance_type is None
-                                            or not devices.is_neuron_instance(spec.instance_type))
-    if on_cpu:
-        key = compile_key(spec, image, None, None)
-        return Resolved(spec.framework, spec.instance_type, None, None, 0, 0, {}, image, key, compile_job, ())
+    if spec.framework == "torch":  # the CPU reference runner: no NeuronCores, even on a Neuron instance
+        instance = devices.INSTANCE_TYPES.get(spec.instance_type or "")
+        family = instance.family.name if instance else None
+        key = compile_key(spec, image, family, None)
+        return Resolved(spec.framework, spec.instance_type, family, None, 0, 0, {}, image, key, compile_job, ())
     if spec.parallelism.tensor_parallel_degree % spec.parallelism.nodes:
         raise SpecError("spec.parallelism.nodes must divide spec.parallelism.tensorParallelDegree")
     instance = _instance(spec, cores_per_pod)

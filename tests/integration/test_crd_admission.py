@@ -286,6 +286,8 @@ REJECTED = [
     ("min-replicas-above-max", _merge(CPU, {"replicas": DELETE, "autoscaling": {"minReplicas": 5,
                                                                                "maxReplicas": 2}}),
      "autoscaling.minReplicas must be <= autoscaling.maxReplicas"),
+    ("rollout-that-replaces-nothing", _merge(CPU, {"rollout": {"maxUnavailable": 0, "maxSurge": "0%"}}),
+     "rollout.maxUnavailable and rollout.maxSurge must not both be 0"),
     ("autoscaling-without-max", _merge(CPU, {"replicas": DELETE, "autoscaling": {"minReplicas": 1}}),
      "spec.autoscaling.maxReplicas: Required value"),
     ("negative-replicas", _merge(CPU, {"replicas": -1}),

@@ -183,7 +183,7 @@ def test_cel_rules_are_attached_where_api_py_puts_them(schema):
     nested = {path: [r["message"] for r in node["x-kubernetes-validations"]]
               for path, node in _walk(spec, "spec") if "x-kubernetes-validations" in node and node is not spec}
     assert set(nested) == {"spec.model.source", "spec.parallelism", "spec.batching", "spec.speculation",
-                           "spec.speculation.draftModel.source", "spec.compileCache.url", "spec.autoscaling"}
+                           "spec.speculation.draftModel.source", "spec.compileCache.url", "spec.autoscaling", "spec.rollout"}
     for path, messages in nested.items():
         for message in messages:
             assert len(message) > 30 and ("must" in message), (path, message)
