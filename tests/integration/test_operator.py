@@ -247,3 +247,27 @@ def test_a_compile_key_change_compiles_before_it_rolls(api, wait_until):
     wait_until("the Deployment rolled", lambda: api.deployment("gated").spec.template.metadata.annotations[
         "neuronmodel.dev/compile-key"] == new_key, 30)
     wait_until("the old key's Job deleted", lambda: len(api.batch.list_namespaced_job(api.ns).items) == 1, 30)
+
+
+def test_secrets_stay_secret(api, operator, operator_rbac, wait_until):
+    token, key = "hf_tok_0123456789abcdef", "sk-api-key-fedcba9876543210"
+    for name, value in (("hf-token", token), ("api-key", key)):
+        api.core.create_namespaced_secret(api.ns, {"metadata": {"name": name}, "stringData": {"token": value}})
+    api.apply(neuronmodel("private", {
+        "model": {"source": "hf://org/private", "tokenSecretRef": {"name": "hf-token"}}, "framework": "nxdi",
+        "instanceType": "inf2.48xlarge", "parallelism": {"tensorParallelDegree": 2}, "replicas": 1,
+        "server": {"apiKeySecretRef": {"name": "api-key"}}}))
+    api.phase("private", "Ready")
+    template = api.deployment("private").spec.template.spec
+    runtime_env = {e.name: e for e in template.containers[0].env}
+    assert runtime_env["NEURONMODEL_API_KEY"].value_from.secret_key_ref.name == "api-key"
+    (fetch,) = template.init_containers
+    assert {e.name: e for e in fetch.env}["HF_TOKEN"].value_from.secret_key_ref.name == "hf-token"
+    config = api.core.read_namespaced_config_map("private-runtime", api.ns).data["config.json"]
+    assert key not in config and token not in config
+    log = operator.log.read_text()
+    assert "private" in log and key not in log and token not in log
+    # the operator's ServiceAccount cannot read them at all
+    review = {"spec": {"user": "system:serviceaccount:neuronmodel-system:neuronmodel-operator",
+                       "resourceAttributes": {"namespace": api.ns, "verb": "get", "resource": "secrets"}}}
+    assert not kube.AuthorizationV1Api(api.apps.api_client).create_subject_access_review(review).status.allowed
