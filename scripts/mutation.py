@@ -1,6 +1,7 @@
-"""Mutation testing of the sampling and speculative-verification math: each known mistake must fail the tests.
+"""Mutation testing of the sampling and speculative-verification math, and of the operator's subtle rules (the
+scale subresource, status, compile gating, HPA ownership): each known mistake must fail the tests.
 
-For every mutation below, the script copies the repository's runtime package and the runtime tests into a
+For every mutation below, the script copies the repository's runtime and operator packages and their tests into a
 temporary directory, applies the mutation as an exact text replacement (it stops at once, naming the mutation, when
 the target text is not found exactly once, so the list cannot rot silently), runs only the test files that mutation
 needs against the mutated copy, and requires that run to FAIL. A run of all those files without any mutation must
@@ -27,24 +28,30 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "runtime/neuronmodel_runtime"
+OPERATOR = "operator/neuronmodel_operator"
 
 DISTRIBUTION = ("tests/runtime_tests/test_spec_distribution.py",)
 SAMPLER = ("tests/runtime_tests/test_sampler_reference.py",)
 PROCESSORS = ("tests/runtime_tests/test_processors.py",)
 INVARIANCE = ("tests/runtime_tests/test_speculation.py", "-k", "alone_or_in_any_batch")
+STATUS = ("tests/operator_tests/test_status.py",)
+BUILDERS = ("tests/operator_tests/test_builders.py",)
+CRD = ("tests/operator_tests/test_crd.py",)
+RECONCILE = ("tests/operator_tests/test_reconcile.py",)
 
 
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: str  # file under PACKAGE
+    path: str  # file under `package`
     old: str  # exact text, present exactly once
     new: str
     tests: tuple[str, ...]  # pytest arguments: files, node ids, -k expressions
+    package: str = PACKAGE  # the package `path` is in
 
     @property
     def module(self) -> str:
-        return "neuronmodel_runtime." + self.path.removesuffix(".py").replace("/", ".")
+        return self.package.split("/")[-1] + "." + self.path.removesuffix(".py").replace("/", ".")
 
 
 MUTATIONS = [
@@ -120,6 +127,27 @@ MUTATIONS = [
         "out.index_put_((row_idx, token_idx), bias, accumulate=False)",
         PROCESSORS,
     ),
+    Mutation(
+        "status: replicas counts ready pods, not all of them (an HPA over-scales)", "status.py",
+        '"replicas": workload.total if workload else 0,', '"replicas": workload.ready if workload else 0,',
+        STATUS, OPERATOR,
+    ),
+    Mutation(
+        "crd: the scale subresource reads ready replicas", "crdgen.py",
+        '"statusReplicasPath": ".status.replicas"', '"statusReplicasPath": ".status.readyReplicas"',
+        CRD, OPERATOR,
+    ),
+    Mutation(
+        "deployment: replicas written under autoscaling (fights the HPA)", "builders/deployment.py",
+        "    if target.spec.autoscaling is None:\n", "    if True:\n",
+        BUILDERS, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a new compile key rolls the pods before its Job succeeds", "reconcile.py",
+        "    if resolved.compile_key == target.resolved.compile_key:\n        return None",
+        "    if True:\n        return None",
+        RECONCILE, OPERATOR,
+    ),
 ]
 
 #: Runs pytest in the copy after checking that the copy (and the mutated text) is what gets imported.
@@ -133,14 +161,15 @@ def refuse(message):
     sys.exit(10)  # not a pytest exit status: never read as "tests failed"
 
 
-sys.path.insert(0, root + "/runtime")
+sys.path[:0] = [root + "/runtime", root + "/operator"]
 try:
-    import neuronmodel_runtime
+    import neuronmodel_runtime, neuronmodel_operator
     mod = importlib.import_module(module) if module else None
 except Exception as exc:
     refuse(f"importing the copy failed: {type(exc).__name__}: {exc}")
-if not neuronmodel_runtime.__file__.startswith(root):
-    refuse(f"neuronmodel_runtime imported from {neuronmodel_runtime.__file__}, not from the copy in {root}")
+for package in (neuronmodel_runtime, neuronmodel_operator):
+    if not package.__file__.startswith(root):
+        refuse(f"{package.__name__} imported from {package.__file__}, not from the copy in {root}")
 if mod is not None and (not mod.__file__.startswith(root) or needle not in open(mod.__file__).read()):
     refuse(f"{module} ({mod.__file__}) is not the mutated copy")
 import pytest
@@ -149,27 +178,28 @@ sys.exit(pytest.main(args))
 
 
 def make_copy(root: Path) -> None:
-    """runtime/ and tests/runtime_tests/ copied (no bytecode), pyproject.toml (pytest's settings); tests/assets is
-    linked."""
+    """runtime/, operator/ and their tests copied (no bytecode), pyproject.toml (pytest's settings); tests/assets
+    crds/ (the committed CRD and samples) and scripts/ (the control plane's pins) are linked."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    shutil.copytree(REPO / "runtime", root / "runtime", ignore=ignore)
-    shutil.copytree(REPO / "tests" / "runtime_tests", root / "tests" / "runtime_tests", ignore=ignore)
-    (root / "tests" / "assets").symlink_to(REPO / "tests" / "assets")
+    for folder in ("runtime", "operator", "tests/runtime_tests", "tests/operator_tests"):
+        shutil.copytree(REPO / folder, root / folder, ignore=ignore)
+    for linked in ("tests/assets", "crds", "scripts"):
+        (root / linked).symlink_to(REPO / linked)
     shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
 
 
 def check_targets(mutations: list[Mutation]) -> None:
     """Every mutation's text occurs exactly once in the repository's current source; stop loudly otherwise."""
     for m in mutations:
-        source = (REPO / PACKAGE / m.path).read_text()
+        source = (REPO / m.package / m.path).read_text()
         count = source.count(m.old)
         if count != 1:
-            sys.exit(f"mutation {m.name!r}: its target text occurs {count} times in {PACKAGE}/{m.path} (expected "
+            sys.exit(f"mutation {m.name!r}: its target text occurs {count} times in {m.package}/{m.path} (expected "
                      f"once); update scripts/mutation.py to the current code:\n    {m.old}")
 
 
 def run_tests(root: Path, tests: tuple[str, ...], mutation: Mutation | None, verbose: bool) -> tuple[int, str, float]:
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(root / "runtime")}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": f"{root / 'runtime'}:{root / 'operator'}"}
     module, needle = (mutation.module, mutation.new) if mutation else ("", "")
     args = [sys.executable, "-c", BOOT, str(root), module, needle,
             "-q", "-x", "-p", "no:cacheprovider", "--rootdir", str(root), *tests]
@@ -201,7 +231,7 @@ def main() -> int:
             return 1
         print(f"passes      unmutated code ({len(every_file)} test files) [{seconds:.0f}s]", flush=True)
         for m in mutations:
-            target = root / PACKAGE / m.path
+            target = root / m.package / m.path
             original = target.read_text()
             target.write_text(original.replace(m.old, m.new, 1))
             try:
