@@ -86,10 +86,12 @@ def configure(settings: kopf.OperatorSettings, client_timeout_s: float) -> None:
     settings.watching.client_timeout = client_timeout_s
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    # Watch children server-side filtered: without it kopf would stream every pod of the cluster and filter here.
-    for group, version, plural in CHILDREN:
-        settings.watching.label_selectors[group, version, plural] = \
-            f"{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
+    # Watch children server-side filtered: without it kopf streams every pod of the cluster and filters here.
+    # kopf 1.45 has it; 1.44 (the last for Python 3.10) filters by the handlers' labels= on the client only.
+    if hasattr(settings.watching, "label_selectors"):
+        for group, version, plural in CHILDREN:
+            settings.watching.label_selectors[group, version, plural] = \
+                f"{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
 
 
 @kopf.on.login(registry=registry)
