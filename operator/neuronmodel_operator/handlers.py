@@ -80,8 +80,8 @@ def configure(settings: kopf.OperatorSettings, client_timeout_s: float) -> None:
         prefix=api.ANNOTATION_PREFIX, key="last-handled-configuration")
     settings.persistence.finalizer = f"{api.GROUP}/kopf-finalizer"  # unused: no handler needs one (see above)
     settings.posting.enabled = False
-    # Python 3.10 has no watch bookmarks / inactivity detection in kopf: a client-side timeout restarts a watch
-    # that a load balancer silently dropped. The server ends each watch a little earlier, cleanly.
+    # kopf on Python 3.10 has no inactivity timeout (it needs asyncio.timeout, bookmarks or not): a client-side
+    # timeout restarts a watch that a load balancer silently dropped. The server ends each watch a little earlier.
     settings.watching.server_timeout = int(max(client_timeout_s - 30, 30))  # the API takes whole seconds
     settings.watching.client_timeout = client_timeout_s
     settings.watching.connect_timeout = 30
