@@ -138,6 +138,17 @@ def fit_warning(parameters: float, dtype: str, instance: InstanceType, lnc: int,
     if weights_gib <= WEIGHT_SHARE_OF_HBM * hbm_gib:
         return None
     needed = math.ceil(weights_gib / WEIGHT_SHARE_OF_HBM / instance.family.hbm_gib_per_core(lnc))
+    # Name a degree the user can set (the CRD refuses, say, 10 on inf2), or a multi-node shape when none holds it.
+    degrees = instance.family.legal_tp[lnc]
+    fix = next((tp for tp in degrees if tp >= needed), None)
+    if fix is not None:
+        larger = f" (on an instanceType larger than {instance.name})" if fix > instance.cores(lnc) else ""
+        advice = f"raise parallelism.tensorParallelDegree to {fix}{larger}, or use nodes > 1"
+    else:
+        per_node = max(degrees)
+        nodes = math.ceil(needed / per_node)
+        advice = (f"no single {instance.family.name} node holds them: use nodes > 1, e.g. parallelism.nodes "
+                  f"{nodes} with tensorParallelDegree {nodes * per_node}")
     return (f"the weights ({weights_gib:.0f} GiB in {dtype}) do not fit {total_cores} NeuronCores x "
             f"{instance.family.hbm_gib_per_core(lnc):.0f} GiB HBM on {instance.name} (with room for the KV cache); "
-            f"raise parallelism.tensorParallelDegree to at least {needed}, or use nodes > 1")
+            f"{advice}")
