@@ -101,7 +101,8 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         raise SpecError(f"spec.framework: transformers-neuronx never supported {family.name}; use nxdi or auto")
     lnc_asked = spec.parallelism.logical_core_config
     if lnc_asked is not None and lnc_asked not in family.lnc_choices:
-        raise SpecError(f"spec.parallelism.logicalCoreConfig applies to trn2 only, not {instance.name}")
+        raise SpecError(f"spec.parallelism.logicalCoreConfig applies to trn2 only, not {instance.name}: remove it "
+                        f"or set a trn2 instanceType")
     lnc = devices.lnc_of(instance, lnc_asked)
     legal = devices.legal_tp_degrees(instance, lnc)
     if cores_per_pod not in legal:
