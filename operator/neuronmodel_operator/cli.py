@@ -28,10 +28,18 @@ def _env(name: str, default: Optional[str] = None) -> Optional[str]:
     return os.environ.get(ENV + name, default)
 
 
+class _AppendOverEnv(argparse.Action):
+    """Repeatable; the first flag replaces the environment's list (flags win over env), later ones add to it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*([] if current is self.default else current), values])
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="neuronmodel-operator", description="Reconcile NeuronModels into serving pods.")
-    p.add_argument("-n", "--namespace", action="append", dest="namespaces",
-                   default=[n for n in (_env("NAMESPACES") or "").split(",") if n],
+    p.add_argument("-n", "--namespace", action=_AppendOverEnv, dest="namespaces",
+                   default=[n.strip() for n in (_env("NAMESPACES") or "").split(",") if n.strip()],
                    help="watch this namespace (repeatable; env NEURONMODEL_OPERATOR_NAMESPACES, comma-separated); "
                    "none: all namespaces (needs a ClusterRole)")
     p.add_argument("--liveness", default=_env("LIVENESS", "http://0.0.0.0:8080/healthz"),
