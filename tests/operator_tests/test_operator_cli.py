@@ -1,0 +1,240 @@
+"""The `neuronmodel-operator` CLI (flags, env defaults) and the kopf settings and handler registry it runs.
+
+The registry guard: kopf adds a finalizer to every NeuronModel when any handler needs one (a delete handler, a
+timer, a daemon). Then deleting a NeuronModel while the operator is down hangs until it comes back. These
+tests ask kopf's own decision functions (the ones its processing loop calls) as well as the handlers' flags.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+import pytest
+from kopf._cogs.structs import bodies, ephemera, patches, references
+from kopf._core.intents import causes, handlers as kopf_handlers
+
+from neuronmodel_operator import api, cli, handlers
+
+ENV_NAMES = ("NEURONMODEL_OPERATOR_NAMESPACES", "NEURONMODEL_OPERATOR_LIVENESS", "NEURONMODEL_OPERATOR_LOG_FORMAT",
+             "NEURONMODEL_OPERATOR_VERBOSE", "NEURONMODEL_OPERATOR_PEERING", "NEURONMODEL_OPERATOR_PRIORITY",
+             "NEURONMODEL_OPERATOR_WORKERS", "NEURONMODEL_OPERATOR_WATCH_TIMEOUT_S", "NEURONMODEL_RUNTIME_IMAGE",
+             "NEURONMODEL_HPA_METRIC", "KUBECONFIG")
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for name in ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def parse(*argv: str):
+    return cli.parser().parse_args(list(argv))  # a new parser: defaults are read from the env when it is built
+
+
+# --- flags and env -------------------------------------------------------------------------------------------
+
+def test_defaults_without_env(env):
+    args = parse()
+    assert args.namespaces == []  # all namespaces
+    assert args.liveness == "http://0.0.0.0:8080/healthz"
+    assert args.log_format == "text"
+    assert args.verbose is False
+    assert args.peering == ""  # standalone
+    assert args.priority == 0
+    assert args.runtime_image == "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0"
+    assert args.hpa_metric == "vllm:num_requests_waiting"
+    assert args.workers == 8
+    assert args.watch_timeout_s == 300.0
+    assert args.kubeconfig is None
+
+
+def test_env_defaults(env):
+    env.setenv("NEURONMODEL_OPERATOR_NAMESPACES", "team-a,team-b")
+    env.setenv("NEURONMODEL_OPERATOR_LIVENESS", "")
+    env.setenv("NEURONMODEL_OPERATOR_LOG_FORMAT", "json")
+    env.setenv("NEURONMODEL_OPERATOR_VERBOSE", "true")
+    env.setenv("NEURONMODEL_OPERATOR_PEERING", "neuronmodel")
+    env.setenv("NEURONMODEL_OPERATOR_PRIORITY", "100")
+    env.setenv("NEURONMODEL_OPERATOR_WORKERS", "3")
+    env.setenv("NEURONMODEL_OPERATOR_WATCH_TIMEOUT_S", "120")
+    env.setenv("NEURONMODEL_RUNTIME_IMAGE", "registry.example/runtime:9")
+    env.setenv("NEURONMODEL_HPA_METRIC", "queue_depth")
+    env.setenv("KUBECONFIG", "/tmp/kubeconfig")
+    args = parse()
+    assert args.namespaces == ["team-a", "team-b"]
+    assert args.liveness == ""
+    assert args.log_format == "json"
+    assert args.verbose is True
+    assert args.peering == "neuronmodel"
+    assert args.priority == 100
+    assert args.workers == 3
+    assert args.watch_timeout_s == 120.0
+    assert args.runtime_image == "registry.example/runtime:9"
+    assert args.hpa_metric == "queue_depth"
+    assert args.kubeconfig == "/tmp/kubeconfig"
+
+
+@pytest.mark.parametrize("value, namespaces", [
+    ("", []), ("one", ["one"]), ("a,b,c", ["a", "b", "c"]), ("a,,b,", ["a", "b"]), ("a, b", ["a", "b"]),
+])
+def test_namespaces_from_the_comma_list(env, value, namespaces):
+    env.setenv("NEURONMODEL_OPERATOR_NAMESPACES", value)
+    assert parse().namespaces == namespaces
+
+
+def test_verbose_env_1(env):
+    env.setenv("NEURONMODEL_OPERATOR_VERBOSE", "1")
+    assert parse().verbose is True
+    env.setenv("NEURONMODEL_OPERATOR_VERBOSE", "0")
+    assert parse().verbose is False
+
+
+def test_flags(env):
+    args = parse("-n", "a", "--namespace", "b", "--liveness", "", "--log-format", "full", "--verbose",
+                 "--peering", "p", "--priority", "7", "--runtime-image", "img:2", "--hpa-metric", "m",
+                 "--workers", "2", "--watch-timeout-s", "45", "--kubeconfig", "/k")
+    assert args.namespaces == ["a", "b"]
+    assert (args.liveness, args.log_format, args.verbose, args.peering, args.priority) == ("", "full", True, "p", 7)
+    assert (args.runtime_image, args.hpa_metric, args.workers, args.watch_timeout_s, args.kubeconfig) == \
+        ("img:2", "m", 2, 45.0, "/k")
+
+
+def test_flags_win_over_env(env):
+    env.setenv("NEURONMODEL_OPERATOR_NAMESPACES", "prod")
+    env.setenv("NEURONMODEL_OPERATOR_WORKERS", "3")
+    env.setenv("NEURONMODEL_RUNTIME_IMAGE", "from-env:1")
+    args = parse("-n", "dev", "--workers", "5", "--runtime-image", "from-flag:2")
+    assert args.namespaces == ["dev"]  # not prod + dev: a flag replaces the env's list, as every other flag does
+    assert (args.workers, args.runtime_image) == (5, "from-flag:2")
+    assert parse().namespaces == ["prod"]  # and the env's list is intact for the next parse
+
+
+def test_log_format_is_checked(env, capsys):
+    with pytest.raises(SystemExit):
+        parse("--log-format", "xml")
+
+
+# --- kopf settings -------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def settings():
+    s = kopf.OperatorSettings()
+    handlers.configure(s, client_timeout_s=300.0)
+    return s
+
+
+def test_progress_and_diffbase_in_annotations_under_our_prefix(settings):
+    progress = settings.persistence.progress_storage
+    assert isinstance(progress, kopf.AnnotationsProgressStorage)
+    assert progress.prefix == "neuronmodel.dev"
+    diffbase = settings.persistence.diffbase_storage
+    assert isinstance(diffbase, kopf.AnnotationsDiffBaseStorage)
+    assert diffbase.prefix == "neuronmodel.dev"
+    # nothing in .status: the CRD's structural schema would prune it, and kopf would re-run handlers forever
+    assert not isinstance(progress, (kopf.StatusProgressStorage, kopf.SmartProgressStorage))
+
+
+def test_kopfs_own_events_are_off(settings):
+    assert settings.posting.enabled is False
+
+
+@pytest.mark.parametrize("client_timeout", [300.0, 95.5, 45.0, 10.0])
+def test_watch_timeouts(client_timeout):
+    s = kopf.OperatorSettings()
+    handlers.configure(s, client_timeout_s=client_timeout)
+    assert isinstance(s.watching.server_timeout, int)  # the API takes whole seconds (?timeoutSeconds=)
+    assert s.watching.server_timeout > 0
+    assert s.watching.client_timeout == client_timeout
+    # the server ends a watch cleanly before the client gives up on it, where there is room for that
+    if client_timeout > 60:
+        assert s.watching.server_timeout < client_timeout
+
+
+def _resource(group: str, version: str, plural: str, kind: str) -> references.Resource:
+    return references.Resource(group, version, plural, kind=kind, namespaced=True)
+
+
+CHILD_RESOURCES = [
+    _resource("", "v1", "configmaps", "ConfigMap"), _resource("", "v1", "services", "Service"),
+    _resource("", "v1", "pods", "Pod"), _resource("apps", "v1", "deployments", "Deployment"),
+    _resource("batch", "v1", "jobs", "Job"), _resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    _resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler"),
+    _resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"),
+]
+NEURONMODEL = _resource(api.GROUP, api.VERSION, api.PLURAL, api.KIND)
+MANAGED = f"{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
+
+
+@pytest.mark.parametrize("resource", CHILD_RESOURCES, ids=lambda r: r.plural)
+def test_every_child_watch_is_filtered_server_side(settings, resource):
+    assert settings.watching.label_selectors.collect(resource) == [MANAGED]
+
+
+def test_the_neuronmodel_watch_is_not_filtered(settings):
+    # users' NeuronModels carry no labels of ours: a selector here would hide every one of them
+    assert settings.watching.label_selectors.collect(NEURONMODEL) == []
+
+
+@pytest.mark.parametrize("resource", [
+    _resource("", "v1", "secrets", "Secret"), _resource("", "v1", "events", "Event"),
+    _resource("apps", "v1", "statefulsets", "StatefulSet"), _resource("example.com", "v1", "pods", "Pod"),
+], ids=lambda r: f"{r.group}/{r.plural}")
+def test_no_selector_leaks_onto_other_resources(settings, resource):
+    assert settings.watching.label_selectors.collect(resource) == []
+
+
+def test_every_child_kind_has_an_event_handler():
+    watchers = list(handlers.registry._watching.get_all_handlers())
+    for resource in CHILD_RESOURCES:
+        assert sum(h.selector.check(resource) for h in watchers) == 1, resource
+    assert not any(h.selector.check(NEURONMODEL) for h in watchers)
+
+
+# --- no finalizer, ever --------------------------------------------------------------------------------------
+
+def _body(deleting: bool) -> bodies.Body:
+    metadata = {"name": "llama", "namespace": "team", "uid": "u-1", "generation": 1,
+                "labels": {api.LABEL_NAME: "llama", api.LABEL_MANAGED_BY: api.OPERATOR_NAME}}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return bodies.Body({"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata,
+                        "spec": {"model": {"source": "/m"}, "replicas": 1}})
+
+
+def _common(resource: references.Resource, deleting: bool) -> dict:
+    return dict(logger=logging.getLogger("test"), indices={}, memo=ephemera.Memo(), resource=resource,
+                patch=patches.Patch(), body=_body(deleting))
+
+
+@pytest.mark.parametrize("resource", [NEURONMODEL, *CHILD_RESOURCES], ids=lambda r: r.plural)
+@pytest.mark.parametrize("deleting", [False, True])
+def test_kopf_decides_no_finalizer(resource, deleting):
+    """What kopf's processing loop asks (reactor/processing.py: deletion_must_be_blocked) says no, for every
+    reason a NeuronModel or a child is seen."""
+    for reason in causes.Reason:
+        cause = causes.ChangingCause(**_common(resource, deleting), initial=reason == causes.Reason.RESUME,
+                                     reason=reason)
+        assert not handlers.registry._changing.requires_finalizer(cause=cause), reason
+    spawning = causes.SpawningCause(**_common(resource, deleting), reset=False)
+    assert not handlers.registry._spawning.requires_finalizer(cause=spawning)
+
+
+def test_no_timers_daemons_or_delete_handlers():
+    assert list(handlers.registry._spawning.get_all_handlers()) == []  # timers and daemons live here
+    changing = list(handlers.registry._changing.get_all_handlers())
+    assert changing, "the NeuronModel create/update/resume handlers are registered"
+    for handler in changing:
+        assert isinstance(handler, kopf_handlers.ChangingHandler)
+        assert not handler.requires_finalizer, handler.id
+        assert handler.reason != causes.Reason.DELETE, handler.id
+        assert not handler.deleted, handler.id  # a resume handler that also runs on deletion
+        assert handler.selector.check(NEURONMODEL)
+    assert {h.reason for h in changing} == {causes.Reason.CREATE, causes.Reason.UPDATE, None}  # None: resume
+    assert list(handlers.registry._webhooks.get_all_handlers()) == []
+    assert list(handlers.registry._indexing.get_all_handlers()) == []
+
+
+def test_the_finalizer_name_is_ours_in_case_one_is_ever_added(settings):
+    assert settings.persistence.finalizer.startswith("neuronmodel.dev/")

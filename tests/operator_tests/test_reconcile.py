@@ -1,0 +1,432 @@
+"""reconcile.Reconcile against an in-memory API server: which children exist after a reconcile, what the status
+says, and the compile-key rollout (the Deployment keeps serving the old spec until the new key's Job is done)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Optional
+
+import pytest
+
+from neuronmodel_operator import api
+from neuronmodel_operator.k8s import ApiError
+from neuronmodel_operator.reconcile import Outcome, Reconcile
+from neuronmodel_operator.resolve import OperatorDefaults
+
+NS = "team"
+NAME = "llama"
+UID = "0b0c4c1e-1d5e-4c59-9a51-5f2b7e4e7a10"
+DEFAULTS = OperatorDefaults(image="registry.example/neuronmodel-runtime:1.0", hpa_metric="queue")
+COMPLETE = {"conditions": [{"type": "Complete", "status": "True"}],
+            "startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:20:00Z", "succeeded": 1}
+RUNNING = {"active": 1, "startTime": "2026-01-01T00:00:00Z"}
+
+
+class FakeKube:
+    """The methods of k8s.Kube over dicts. `statuses[(kind, name)]` scripts the status the API returns for a
+    child (what its controller wrote); apply never overwrites it, as server-side apply of a manifest without a
+    status does not."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.statuses: dict[tuple[str, str], dict] = {}
+        self.applied: list[dict] = []
+        self.deleted: list[tuple[str, str]] = []
+        self.status_patches: list[dict] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.fail_apply: dict[str, ApiError] = {}  # kind -> the error apply raises
+
+    # --- test helpers
+    def put(self, obj: dict) -> None:
+        meta = obj["metadata"]
+        self.objects[obj["kind"], meta["namespace"], meta["name"]] = copy.deepcopy(obj)
+
+    def children(self) -> dict[tuple[str, str], dict]:
+        return {(kind, name): obj for (kind, _, name), obj in self.objects.items() if kind != api.KIND}
+
+    def kinds(self) -> list[str]:
+        return sorted(kind for kind, _ in self.children())
+
+    def one(self, kind: str) -> dict:
+        found = [obj for (k, _), obj in self.children().items() if k == kind]
+        assert len(found) == 1, f"{len(found)} {kind}s: {sorted(self.children())}"
+        return found[0]
+
+    def model(self) -> dict:
+        return self.objects[api.KIND, NS, NAME]
+
+    def _with_status(self, kind: str, obj: dict) -> dict:
+        out = copy.deepcopy(obj)
+        scripted = self.statuses.get((kind, obj["metadata"]["name"]))
+        if scripted is not None:
+            out["status"] = copy.deepcopy(scripted)
+        return out
+
+    # --- k8s.Kube
+    def apply(self, manifest: dict) -> dict:
+        kind, meta = manifest["kind"], manifest["metadata"]
+        if kind in self.fail_apply:
+            raise self.fail_apply[kind]
+        assert "status" not in manifest, "the operator never applies a child's status"
+        self.applied.append(copy.deepcopy(manifest))
+        self.objects[kind, meta["namespace"], meta["name"]] = copy.deepcopy(manifest)
+        return self._with_status(kind, manifest)
+
+    def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
+        obj = self.objects.get((kind, namespace, name))
+        return None if obj is None else self._with_status(kind, obj)
+
+    def list(self, kind: str, namespace: str, selector: str) -> list[dict]:
+        wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+        found = []
+        for (k, ns, _), obj in self.objects.items():
+            labels = obj["metadata"].get("labels") or {}
+            if k == kind and ns == namespace and all(labels.get(key) == value for key, value in wanted.items()):
+                found.append(self._with_status(kind, obj))
+        return found
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        self.deleted.append((kind, name))
+        self.objects.pop((kind, namespace, name), None)
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> Optional[dict]:
+        self.status_patches.append(copy.deepcopy(status))
+        body = self.objects.get((api.KIND, namespace, name))
+        if body is None:
+            return None
+        body["status"] = _merge(body.get("status") or {}, status)
+        return copy.deepcopy(body)
+
+    def event(self, owner: dict, type_: str, reason: str, message: str) -> None:
+        assert owner["metadata"]["uid"] == UID
+        self.events.append((type_, reason, message))
+
+
+def _merge(target: dict, patch: dict) -> dict:
+    """RFC 7386 JSON merge patch."""
+    out = copy.deepcopy(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def body(spec: dict, generation: int = 1) -> dict:
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND,
+            "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": generation,
+                         "creationTimestamp": "2026-01-01T00:00:00Z", "labels": {"team": "ml"}},
+            "spec": spec}
+
+
+def set_spec(kube: FakeKube, spec: dict) -> None:
+    """A user edits the spec: the API server bumps metadata.generation, the status stays."""
+    model = kube.model()
+    model["spec"] = copy.deepcopy(spec)
+    model["metadata"]["generation"] += 1
+
+
+TORCH = {"model": {"source": "/opt/neuronmodel/models/tiny"}, "framework": "torch", "replicas": 1}
+NEURON_A = {"model": {"source": "hf://meta-llama/Llama-3.2-1B-Instruct"}, "framework": "nxdi",
+            "instanceType": "inf2.xlarge", "parallelism": {"tensorParallelDegree": 2},
+            "compileCache": {"url": "s3://acme-cache/prod"}, "replicas": 1}
+
+
+def spec_b(replicas: int = 3) -> dict:
+    """NEURON_A with another compile key (a bigger batch) and another replica count."""
+    spec = copy.deepcopy(NEURON_A)
+    spec["batching"] = {"maxBatchSize": 16}
+    spec["replicas"] = replicas
+    return spec
+
+
+def jobs(kube: FakeKube) -> list[dict]:
+    return [obj for (kind, _), obj in kube.children().items() if kind == "Job"]
+
+
+def job_key(job: dict) -> str:
+    return job["metadata"]["annotations"][api.ANNOTATION_COMPILE_KEY]
+
+
+def template_key(deployment: dict) -> str:
+    return deployment["spec"]["template"]["metadata"]["annotations"][api.ANNOTATION_COMPILE_KEY]
+
+
+def served(deployment: dict) -> dict:
+    return json.loads(deployment["metadata"]["annotations"][api.ANNOTATION_SERVED_SPEC])
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    return FakeKube()
+
+
+@pytest.fixture
+def reconcile(kube: FakeKube) -> Reconcile:
+    return Reconcile(kube, DEFAULTS)
+
+
+def owned_by_us(obj: dict) -> bool:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return any(ref["uid"] == UID and ref.get("controller") for ref in refs)
+
+
+# --- first reconcile, idempotence ----------------------------------------------------------------------------
+
+def test_first_reconcile_of_a_torch_model(kube, reconcile):
+    kube.put(body(TORCH))
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert outcome == Outcome()
+    assert kube.kinds() == ["ConfigMap", "Deployment", "Service"]
+    for obj in kube.children().values():
+        assert owned_by_us(obj)
+        assert obj["metadata"]["labels"][api.LABEL_NAME] == NAME
+        assert "team" not in obj["metadata"]["labels"]  # the owner's labels never reach a child
+    deployment = kube.one("Deployment")
+    assert deployment["metadata"]["name"] == NAME and deployment["spec"]["replicas"] == 1
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    limits = (container.get("resources") or {}).get("limits") or {}
+    assert not any(key.startswith("aws.amazon.com/") for key in limits)  # torch: no NeuronCores
+    status = kube.model()["status"]
+    assert len(kube.status_patches) == 1
+    assert status["observedGeneration"] == 1
+    assert status["endpoint"] == f"http://{NAME}.{NS}.svc.cluster.local:8000"
+    assert status["phase"] == "Pending"
+    assert status["resolved"]["framework"] == "torch"
+    assert {c["type"] for c in status["conditions"]} == set(api.CONDITION_TYPES)
+    api.NeuronModelStatus.model_validate(status)  # what the CRD's status schema accepts
+
+
+def test_reconcile_twice_is_idempotent(kube, reconcile):
+    kube.put(body(TORCH))
+    reconcile(NS, NAME, cleanup=True)
+    children, patches, events = copy.deepcopy(kube.children()), len(kube.status_patches), len(kube.events)
+    for cleanup in (True, False):
+        assert reconcile(NS, NAME, cleanup=cleanup) == Outcome()
+        assert kube.children() == children
+        assert kube.deleted == []
+        assert len(kube.status_patches) == patches  # nothing changed: no status write
+        assert len(kube.events) == events  # and no Event
+
+
+def test_ready_pods_make_phase_ready(kube, reconcile):
+    kube.put(body(TORCH))
+    reconcile(NS, NAME, cleanup=True)
+    kube.statuses["Deployment", NAME] = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1,
+                                         "availableReplicas": 1, "updatedReplicas": 1}
+    labels = kube.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    kube.put({"kind": "Pod", "metadata": {"name": f"{NAME}-abc", "namespace": NS, "labels": labels},
+              "status": {"phase": "Running", "startTime": "2026-01-01T00:01:00Z",
+                         "conditions": [{"type": "PodScheduled", "status": "True"},
+                                        {"type": "Ready", "status": "True",
+                                         "lastTransitionTime": "2026-01-01T00:02:00Z"}]}})
+    reconcile(NS, NAME, cleanup=False)
+    status = kube.model()["status"]
+    assert status["phase"] == "Ready" and status["readyReplicas"] == 1 and status["ready"] == "1/1"
+    assert ("Normal", "Ready") in [(t, r) for t, r, _ in kube.events]
+    assert status["timings"]["loadSeconds"] == 60
+
+
+def test_gone_or_deleting_model_builds_nothing(kube, reconcile):
+    assert reconcile(NS, NAME, cleanup=True) == Outcome(gone=True)
+    deleting = body(TORCH)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T01:00:00Z"
+    kube.put(deleting)
+    assert reconcile(NS, NAME, cleanup=True) == Outcome(gone=True)
+    assert kube.children() == {} and kube.status_patches == []
+
+
+# --- compile gating ------------------------------------------------------------------------------------------
+
+def test_compile_job_first_then_the_deployment(kube, reconcile):
+    kube.put(body(NEURON_A))
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert not outcome.spec_error
+    assert kube.kinds() == ["ConfigMap", "Job", "Service"]
+    (job,) = jobs(kube)
+    assert kube.one("ConfigMap")["metadata"]["name"] == job["metadata"]["name"]  # the compile ConfigMap
+    assert kube.model()["status"]["phase"] == "Compiling"
+    # still compiling: nothing more
+    kube.statuses["Job", job["metadata"]["name"]] = RUNNING
+    reconcile(NS, NAME, cleanup=False)
+    assert kube.kinds() == ["ConfigMap", "Job", "Service"]
+    # compiled: the serving pods start, on the artifacts of this key
+    kube.statuses["Job", job["metadata"]["name"]] = COMPLETE
+    reconcile(NS, NAME, cleanup=False)
+    assert kube.kinds() == ["ConfigMap", "ConfigMap", "Deployment", "Job", "Service"]
+    deployment = kube.one("Deployment")
+    assert template_key(deployment) == job_key(job)
+    status = kube.model()["status"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["ArtifactsReady"]["status"] == "True" and conditions["ArtifactsReady"]["reason"] == "Compiled"
+    assert status["timings"]["compileSeconds"] == 1200
+    assert ("Normal", "Compiled") in [(t, r) for t, r, _ in kube.events]
+
+
+def serve_a(kube: FakeKube, reconcile: Reconcile) -> tuple[dict, dict]:
+    """NEURON_A compiled and serving: (its Job, its Deployment)."""
+    kube.put(body(NEURON_A))
+    reconcile(NS, NAME, cleanup=True)
+    (job,) = jobs(kube)
+    kube.statuses["Job", job["metadata"]["name"]] = COMPLETE
+    reconcile(NS, NAME, cleanup=True)
+    return job, copy.deepcopy(kube.one("Deployment"))
+
+
+@pytest.mark.parametrize("cleanup", [True, False])
+def test_new_compile_key_keeps_serving_the_old_spec_until_compiled(kube, reconcile, cleanup):
+    job_a, deployment_a = serve_a(kube, reconcile)
+    key_a = job_key(job_a)
+    runtime_cm_a = copy.deepcopy(kube.children()["ConfigMap", f"{NAME}-runtime"])
+
+    set_spec(kube, spec_b(replicas=3))
+    outcome = reconcile(NS, NAME, cleanup=cleanup)
+    assert outcome.held and not outcome.spec_error
+    job_b = next(j for j in jobs(kube) if job_key(j) != key_a)
+    key_b = job_key(job_b)
+    assert key_b != key_a
+    deployment = kube.one("Deployment")
+    # still A's pods: the same template, the same served spec, the same runtime config...
+    assert deployment["spec"]["template"] == deployment_a["spec"]["template"]
+    assert template_key(deployment) == key_a
+    assert served(deployment)["batching"]["maxBatchSize"] == 8
+    assert kube.children()["ConfigMap", f"{NAME}-runtime"] == runtime_cm_a
+    # ...but the NEW replica count
+    assert deployment["spec"]["replicas"] == 3
+    status = kube.model()["status"]
+    assert status["phase"] == "Compiling"
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Progressing"] == "WaitingForArtifacts"
+
+    # B compiled: the Deployment becomes B's and A's compile leftovers go
+    kube.statuses["Job", job_b["metadata"]["name"]] = COMPLETE
+    outcome = reconcile(NS, NAME, cleanup=cleanup)
+    assert not outcome.held
+    deployment = kube.one("Deployment")
+    assert template_key(deployment) == key_b
+    assert served(deployment)["batching"]["maxBatchSize"] == 16
+    assert deployment["spec"]["replicas"] == 3
+    assert [job_key(j) for j in jobs(kube)] == [key_b]
+    assert ("Job", job_a["metadata"]["name"]) in kube.deleted
+    assert ("ConfigMap", job_a["metadata"]["name"]) in kube.deleted
+    assert ("ConfigMap", job_b["metadata"]["name"]) in kube.children()
+    assert ("ConfigMap", f"{NAME}-runtime") in kube.children()  # the serving ConfigMap is never stale
+
+
+def test_a_third_key_while_held_still_serves_the_first(kube, reconcile):
+    job_a, deployment_a = serve_a(kube, reconcile)
+    set_spec(kube, spec_b(replicas=2))
+    reconcile(NS, NAME, cleanup=True)
+    spec_c = spec_b(replicas=2)
+    spec_c["batching"] = {"maxBatchSize": 32}
+    set_spec(kube, spec_c)
+    assert reconcile(NS, NAME, cleanup=True).held
+    assert kube.one("Deployment")["spec"]["template"] == deployment_a["spec"]["template"]
+
+
+def test_replicas_only_change_keeps_the_pod_template(kube, reconcile):
+    job_a, deployment_a = serve_a(kube, reconcile)
+    applied_jobs = [m for m in kube.applied if m["kind"] == "Job"]
+    scaled = copy.deepcopy(NEURON_A)
+    scaled["replicas"] = 4
+    set_spec(kube, scaled)
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert not outcome.held
+    deployment = kube.one("Deployment")
+    assert deployment["spec"]["template"] == deployment_a["spec"]["template"]  # no rollout
+    assert deployment["spec"]["replicas"] == 4
+    assert [job_key(j) for j in jobs(kube)] == [job_key(job_a)]  # no new compile
+    new_jobs = [m for m in kube.applied if m["kind"] == "Job"][len(applied_jobs):]
+    assert all(job_key(m) == job_key(job_a) for m in new_jobs)
+    assert ("Job", job_a["metadata"]["name"]) not in kube.deleted
+    assert "PodDisruptionBudget" in kube.kinds()
+
+
+def test_a_same_key_change_rolls_at_once(kube, reconcile):
+    _, deployment_a = serve_a(kube, reconcile)
+    changed = copy.deepcopy(NEURON_A)
+    changed["nodeSelector"] = {"karpenter.sh/capacity-type": "on-demand"}
+    set_spec(kube, changed)
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert not outcome.held
+    template = kube.one("Deployment")["spec"]["template"]
+    assert template != deployment_a["spec"]["template"]
+    assert template["spec"]["nodeSelector"]["karpenter.sh/capacity-type"] == "on-demand"
+
+
+# --- bad specs, API errors -----------------------------------------------------------------------------------
+
+BAD = {"model": {"source": "/m"}, "framework": "nxdi", "parallelism": {"tensorParallelDegree": 128}, "replicas": 1}
+
+
+def test_spec_error_fails_with_one_warning_and_no_children(kube, reconcile):
+    kube.put(body(BAD))
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert outcome.spec_error and "spec.parallelism" in outcome.spec_error
+    assert kube.children() == {}
+    status = kube.model()["status"]
+    assert status["phase"] == "Failed"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    assert outcome.spec_error in ready["message"]
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "InvalidSpec")]
+    # a retry (kopf does not retry it, but a child event could) adds nothing: no hot loop of Events
+    assert reconcile(NS, NAME, cleanup=True).spec_error == outcome.spec_error
+    assert len(kube.events) == 1 and len(kube.status_patches) == 1
+
+
+def test_a_fixed_spec_recovers(kube, reconcile):
+    kube.put(body(BAD))
+    reconcile(NS, NAME, cleanup=True)
+    set_spec(kube, TORCH)
+    assert reconcile(NS, NAME, cleanup=True) == Outcome()
+    assert kube.model()["status"]["phase"] != "Failed"
+    assert "Deployment" in kube.kinds()
+
+
+def test_pdb_goes_when_replicas_drop_to_one(kube, reconcile):
+    three = copy.deepcopy(TORCH)
+    three["replicas"] = 3
+    kube.put(body(three))
+    reconcile(NS, NAME, cleanup=True)
+    assert "PodDisruptionBudget" in kube.kinds()
+    set_spec(kube, TORCH)
+    reconcile(NS, NAME, cleanup=True)
+    assert "PodDisruptionBudget" not in kube.kinds()
+    assert ("PodDisruptionBudget", NAME) in kube.deleted
+    assert kube.one("Deployment")["spec"]["replicas"] == 1
+
+
+def test_stale_cleanup_spares_what_others_own(kube, reconcile):
+    kube.put(body(TORCH))
+    foreign = {"kind": "PodDisruptionBudget", "metadata": {
+        "name": "hand-made", "namespace": NS,
+        "labels": {api.LABEL_NAME: NAME, api.LABEL_MANAGED_BY: api.OPERATOR_NAME},
+        "ownerReferences": [{"uid": "someone-else", "controller": True}]}}
+    kube.put(foreign)
+    reconcile(NS, NAME, cleanup=True)
+    assert ("PodDisruptionBudget", "hand-made") in kube.children()
+
+
+def test_non_retryable_api_error_becomes_failed(kube, reconcile):
+    kube.put(body(TORCH))
+    kube.fail_apply["Deployment"] = ApiError(422, 'Deployment.apps "llama" is invalid: spec.template: bad')
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert outcome.spec_error and "is invalid" in outcome.spec_error
+    status = kube.model()["status"]
+    assert status["phase"] == "Failed"
+    assert "is invalid" in next(c for c in status["conditions"] if c["type"] == "Ready")["message"]
+    assert [t for t, _, _ in kube.events] == ["Warning"]
+
+
+@pytest.mark.parametrize("code", [409, 429, 500, 503, 0])
+def test_retryable_api_error_propagates(kube, reconcile, code):
+    kube.put(body(TORCH))
+    kube.fail_apply["Deployment"] = ApiError(code, "try again")
+    with pytest.raises(ApiError) as err:
+        reconcile(NS, NAME, cleanup=True)
+    assert err.value.status == code and err.value.retryable
+    assert "status" not in kube.model()  # no Failed status for an error that heals by itself

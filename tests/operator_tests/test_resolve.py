@@ -1,0 +1,274 @@
+"""resolve.py: the instance, cores and resources a spec gets, the SpecErrors a user sees, and the compile key."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import pytest
+
+from neuronmodel_operator import api
+from neuronmodel_operator.api import SpecError, parse_spec
+from neuronmodel_operator.resolve import OperatorDefaults, resolve
+
+DEFAULTS = OperatorDefaults(image="registry.example/neuronmodel-runtime:1.0", hpa_metric="queue")
+
+
+def spec(**fields: Any) -> dict:
+    base: dict[str, Any] = {"model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "replicas": 1}
+    base.update(fields)
+    return base
+
+
+def resolved(body: dict, defaults: OperatorDefaults = DEFAULTS):
+    return resolve(parse_spec(body), defaults)
+
+
+def refused(body: dict) -> str:
+    with pytest.raises(SpecError) as err:
+        resolved(body)
+    return str(err.value)
+
+
+# --- instance, cores, resources ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tp, instance, family, cores_per_device", [
+    (2, None, "inf2", 2), (24, "inf2.48xlarge", "inf2", 2), (32, "trn1.32xlarge", "trn1", 2),
+    (64, "trn2.48xlarge", "trn2", 4),
+])
+def test_instance_chosen_when_unset(tp, instance, family, cores_per_device):
+    r = resolved(spec(parallelism={"tensorParallelDegree": tp}))
+    assert r.instance_family == family
+    if instance:
+        assert r.instance_type == instance
+    assert r.cores_per_pod == tp
+    assert r.neuron_resources == {"aws.amazon.com/neuroncore": str(tp)}
+    assert r.devices_per_pod == tp // cores_per_device
+
+
+def test_tp_2_unset_gets_a_two_core_instance():
+    r = resolved(spec(parallelism={"tensorParallelDegree": 2}))
+    assert r.instance_type in ("inf2.xlarge", "inf2.8xlarge", "trn1.2xlarge")
+
+
+def test_explicit_instance_is_respected():
+    # TP 2 fits inf2.xlarge, yet the user asked for inf2.48xlarge.
+    r = resolved(spec(instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 2}))
+    assert (r.instance_type, r.instance_family, r.cores_per_pod, r.devices_per_pod) == ("inf2.48xlarge", "inf2", 2, 1)
+    r = resolved(spec(instanceType="trn1n.32xlarge", parallelism={"tensorParallelDegree": 32}))
+    assert r.instance_type == "trn1n.32xlarge"
+
+
+def test_trn2_lnc():
+    default = resolved(spec(instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 8}))
+    assert default.logical_core_config == 2 and default.devices_per_pod == 2
+    lnc1 = resolved(spec(instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 128,
+                                                                    "logicalCoreConfig": 1}))
+    assert lnc1.logical_core_config == 1 and lnc1.devices_per_pod == 16 and lnc1.cores_per_pod == 128
+    inf2 = resolved(spec(instanceType="inf2.xlarge", parallelism={"tensorParallelDegree": 2}))
+    assert inf2.logical_core_config is None  # LNC is a trn2 setting only
+
+
+def test_whole_device_mode():
+    r = resolved(spec(instanceType="inf2.48xlarge", neuronResource="neuron", parallelism={"tensorParallelDegree": 8}))
+    assert r.neuron_resources == {"aws.amazon.com/neuron": "4"}
+    assert (r.cores_per_pod, r.devices_per_pod) == (8, 4)
+
+
+def test_multi_node_requests_the_per_node_share():
+    r = resolved(spec(instanceType="trn1.32xlarge", parallelism={"tensorParallelDegree": 64, "nodes": 2}))
+    assert r.neuron_resources == {"aws.amazon.com/neuroncore": "32"} and r.cores_per_pod == 32
+
+
+@pytest.mark.parametrize("instance", [None, "inf2.xlarge", "trn2.48xlarge", "m5.xlarge"])
+def test_torch_requests_no_neuron_resources(instance):
+    fields = {"framework": "torch"}
+    if instance:
+        fields["instanceType"] = instance
+    r = resolved(spec(**fields, parallelism={"tensorParallelDegree": 1}))
+    assert r.neuron_resources == {}
+    assert (r.cores_per_pod, r.devices_per_pod) == (0, 0)
+    assert r.instance_type == instance
+    assert r.logical_core_config is None
+
+
+def test_image_from_spec_else_the_operators():
+    assert resolved(spec()).image == DEFAULTS.image
+    assert resolved(spec(image="mine:2")).image == "mine:2"
+
+
+def test_as_status_is_camel_case_and_valid():
+    r = resolved(spec(instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 8}))
+    shown = api.ResolvedStatus.model_validate(r.as_status())
+    assert shown.neuron_cores_per_pod == 8 and shown.neuron_devices_per_pod == 2
+    assert shown.logical_core_config == 2 and shown.instance_family == "trn2" and shown.compile_key == r.compile_key
+
+
+def test_fit_warning_reaches_resolved():
+    big = resolved(spec(model={"source": "/m", "parameters": "70B"}, instanceType="inf2.48xlarge",
+                        parallelism={"tensorParallelDegree": 8}))
+    assert len(big.warnings) == 1 and "tensorParallelDegree" in big.warnings[0]
+    small = resolved(spec(model={"source": "/m", "parameters": "8B"}, parallelism={"tensorParallelDegree": 2}))
+    assert small.warnings == ()
+
+
+# --- SpecError: each names the field and how to fix it -------------------------------------------------------
+
+def test_no_instance_holds_the_tp():
+    message = refused(spec(parallelism={"tensorParallelDegree": 128}))
+    assert message.startswith("spec.parallelism")
+    assert "128" in message and re.search(r"nodes|TP degree", message)
+
+
+def test_tnx_on_trn2():
+    message = refused(spec(framework="tnx", instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 8}))
+    assert message.startswith("spec.framework")
+    assert "nxdi" in message  # the fix
+
+
+def test_tnx_tp_only_trn2_holds():
+    message = refused(spec(framework="tnx", parallelism={"tensorParallelDegree": 64}))
+    assert message.startswith("spec.parallelism") and "64" in message
+
+
+@pytest.mark.parametrize("instance", ["inf2.48xlarge", "trn1.32xlarge"])
+def test_lnc_on_non_trn2(instance):
+    message = refused(spec(instanceType=instance, parallelism={"tensorParallelDegree": 8, "logicalCoreConfig": 2}))
+    assert message.startswith("spec.parallelism.logicalCoreConfig")
+    assert "trn2" in message
+    assert re.search(r"remove it|set a trn2 instanceType", message), message  # the fix
+
+
+@pytest.mark.parametrize("instance, tp", [("trn1.32xlarge", 4), ("inf2.xlarge", 4), ("inf2.48xlarge", 16),
+                                          ("trn2.3xlarge", 8), ("inf2.24xlarge", 24)])
+def test_illegal_tp_on_the_chosen_instance(instance, tp):
+    message = refused(spec(instanceType=instance, parallelism={"tensorParallelDegree": tp}))
+    assert message.startswith("spec.parallelism")
+    assert instance in message and str(tp) in message
+    legal = re.search(r"legal: ([\d, ]+)", message)
+    assert legal, message  # the fix: the degrees that work here
+    assert tp not in [int(x) for x in legal.group(1).split(",")]
+
+
+def test_unknown_neuron_instance_type():
+    message = refused(spec(instanceType="inf2.96xlarge", parallelism={"tensorParallelDegree": 2}))
+    assert message.startswith("spec.instanceType") and "inf2.48xlarge" in message
+
+
+def test_nodes_must_divide_tp():
+    message = refused(spec(instanceType="trn1.32xlarge", parallelism={"tensorParallelDegree": 32, "nodes": 3}))
+    assert "spec.parallelism.nodes" in message
+
+
+# --- compile key ---------------------------------------------------------------------------------------------
+
+BASE = spec(model={"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "revision": "abc123", "dtype": "bfloat16"},
+            instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 8},
+            compileCache={"url": "s3://cache/prod"})
+TRN2 = spec(model={"source": "hf://meta-llama/Llama-3.1-8B-Instruct"}, instanceType="trn2.48xlarge",
+            parallelism={"tensorParallelDegree": 8})
+
+
+def key(body: dict, defaults: OperatorDefaults = DEFAULTS) -> str:
+    return resolved(body, defaults).compile_key
+
+
+def changed(body: dict, path: str, value: Any) -> dict:
+    out = copy.deepcopy(body)
+    *parents, last = path.split(".")
+    node = out
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return out
+
+
+def test_compile_key_is_a_stable_sha256():
+    first = key(BASE)
+    assert re.fullmatch(r"[0-9a-f]{64}", first)
+    assert key(copy.deepcopy(BASE)) == first
+    # Key order and spelled-out defaults do not matter: the same spec is the same key.
+    reordered = dict(reversed(list(copy.deepcopy(BASE).items())))
+    assert key(reordered) == first
+    assert key(changed(BASE, "batching", {"maxBatchSize": 8, "maxContextLength": 1024, "maxSeqLen": 2048})) == first
+
+
+@pytest.mark.parametrize("path, value", [
+    ("model.source", "hf://meta-llama/Llama-3.1-8B"),
+    ("model.revision", "def456"),
+    ("model.dtype", "float16"),
+    ("parallelism.tensorParallelDegree", 24),
+    ("batching.maxBatchSize", 4),
+    ("batching.maxContextLength", 512),
+    ("batching.maxSeqLen", 4096),
+    ("sampling.onDevice", False),
+    ("sampling.globalTopK", 64),
+    ("speculation", {"mode": "promptLookup"}),
+    ("image", "registry.example/neuronmodel-runtime:1.1"),
+    ("instanceType", "trn1.32xlarge"),  # another family: other compiled graphs
+    ("framework", "tnx"),
+])
+def test_compile_key_changes_with_what_changes_the_graphs(path, value):
+    assert key(changed(BASE, path, value)) != key(BASE)
+
+
+def test_compile_key_changes_with_the_operator_default_image():
+    other = OperatorDefaults(image="registry.example/neuronmodel-runtime:2.0", hpa_metric="queue")
+    assert key(BASE, other) != key(BASE)
+
+
+def test_compile_key_changes_with_lnc():
+    lnc1 = changed(TRN2, "parallelism.logicalCoreConfig", 1)
+    assert key(lnc1) != key(TRN2)
+    assert key(changed(TRN2, "parallelism.logicalCoreConfig", 2)) == key(TRN2)  # 2 is trn2's default
+
+
+def test_compile_key_same_within_a_family():
+    # The graphs depend on the family (NeuronCore generation), not on how many chips the node has.
+    assert key(changed(BASE, "instanceType", "inf2.24xlarge")) == key(BASE)
+
+
+@pytest.mark.parametrize("path, value", [
+    ("replicas", 5),
+    ("replicas", 0),
+    ("resources", {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}}),
+    ("nodeSelector", {"karpenter.sh/capacity-type": "spot"}),
+    ("tolerations", [{"key": "dedicated", "operator": "Exists"}]),
+    ("server", {"port": 9000, "apiKeySecretRef": {"name": "key"}}),
+    ("rollout", {"maxUnavailable": 1, "maxSurge": 0}),
+    ("schedulerName", "my-scheduler"),
+    ("serviceAccountName", "irsa"),
+    ("neuronResource", "neuron"),
+    ("compileCache", {"url": "s3://other-cache/x", "policy": "Always"}),
+    ("model.servedModelName", "llama"),
+    ("model.tokenSecretRef", {"name": "hf"}),
+    ("model.parameters", "8B"),
+])
+def test_compile_key_ignores_what_does_not_change_the_graphs(path, value):
+    assert key(changed(BASE, path, value)) == key(BASE)
+
+
+def test_compile_key_ignores_autoscaling_vs_replicas():
+    body = copy.deepcopy(BASE)
+    del body["replicas"]
+    body["autoscaling"] = {"minReplicas": 1, "maxReplicas": 4}
+    assert key(body) == key(BASE)
+
+
+# --- compile Job ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cache, job", [
+    (None, False),
+    ({"url": "s3://cache/prod"}, True),  # IfNotCached by default
+    ({"url": "s3://cache/prod", "policy": "IfNotCached"}, True),
+    ({"url": "pvc://claim/cache", "policy": "Always"}, True),
+    ({"url": "/var/cache/neuron", "policy": "Never"}, False),
+    ({"policy": "Always"}, False),  # nowhere to put the artifacts
+])
+def test_compile_job_only_with_a_cache_url_and_policy_not_never(cache, job):
+    body = copy.deepcopy(BASE)
+    body.pop("compileCache")
+    if cache is not None:
+        body["compileCache"] = cache
+    assert resolved(body).compile_job is job
