@@ -79,6 +79,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log_format = {"text": kopf.LogFormat.PLAIN, "json": kopf.LogFormat.JSON, "full": kopf.LogFormat.FULL}
     kopf.configure(verbose=args.verbose, log_format=log_format[args.log_format], log_prefix=False)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)  # its debug logs carry request bodies
+    if not args.verbose:  # kopf logs "Handler ... succeeded" for every child event at INFO
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login (via the kubernetes client) reads it
     settings = kopf.OperatorSettings()

@@ -4,9 +4,10 @@
   heals by itself is a `kopf.TemporaryError` (retried with backoff), a spec the operator cannot serve is a
   `kopf.PermanentError` (after the Failed condition and an Event are written; no retry until the spec changes).
 - Any event of a child (Deployment, LeaderWorkerSet, Job, Service, ConfigMap, PDB, HPA, serving Pod), found by
-  the `managed-by` label, re-runs its owner's reconcile: a deleted or hand-edited child is restored within
-  seconds, and the status follows the pods. Runs are serialised per NeuronModel and coalesced: a burst of pod
-  events costs one extra reconcile, not one each.
+  the `managed-by` label, refreshes its owner (`reconcile.py`): a deleted or hand-edited child is restored within
+  seconds, and the status follows the workload and its pods. Runs are serialised per NeuronModel and coalesced:
+  a burst of pod events costs one refresh, not one each. The owner comes from a copy kept from the NeuronModels'
+  own watch, so a refresh that finds nothing drifted and no status change makes no request at all.
 - No delete handler, timer or daemon: each would make kopf add a finalizer, and deleting a NeuronModel while the
   operator is down would hang. Children are deleted by the garbage collector through their ownerReferences.
 - Progress and the last-handled spec live in annotations under `neuronmodel.dev/` (a structural schema would
@@ -16,61 +17,93 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import kopf
 
 from neuronmodel_operator import api
 from neuronmodel_operator.k8s import ApiError
-from neuronmodel_operator.reconcile import Outcome, Reconcile
+from neuronmodel_operator.reconcile import Changes, Outcome, Reconcile
 
 log = logging.getLogger(__name__)
 
 registry = kopf.OperatorRegistry()
 
 RETRY_DELAY_S = 5.0
+Key = tuple[str, str]  # (namespace, name) of a NeuronModel
 #: Children whose events re-run their owner's reconcile: (group, version, plural).
 CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("", "v1", "pods"), ("apps", "v1", "deployments"),
             ("batch", "v1", "jobs"), ("policy", "v1", "poddisruptionbudgets"),
             ("autoscaling", "v2", "horizontalpodautoscalers"), ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"))
+_KINDS = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod", "deployments": "Deployment",
+          "jobs": "Job", "poddisruptionbudgets": "PodDisruptionBudget",
+          "horizontalpodautoscalers": "HorizontalPodAutoscaler", "leaderworkersets": "LeaderWorkerSet"}
 OURS = {api.LABEL_MANAGED_BY: api.OPERATOR_NAME, api.LABEL_NAME: kopf.PRESENT}
 
 
 @dataclass
 class Reconciler:
-    """Runs `reconcile` on worker threads, one run at a time per NeuronModel, coalescing kicks."""
+    """Runs `reconcile` on worker threads, one run at a time per NeuronModel, coalescing child events."""
 
     reconcile: Reconcile
     executor: ThreadPoolExecutor
-    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
-    kicked: set[tuple[str, str]] = field(default_factory=set)
+    locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    kicked: set[Key] = field(default_factory=set)  # a refresh is queued for these
+    changes: dict[Key, Changes] = field(default_factory=dict)  # children whose events the queued refresh sees
+    models: dict[Key, dict] = field(default_factory=dict)  # the latest copy of each NeuronModel the watch showed
 
-    async def run(self, key: tuple[str, str], cleanup: bool) -> Outcome:
+    async def run(self, key: Key, cleanup: bool, body: Optional[dict] = None,
+                  changed: Optional[Changes] = None) -> Outcome:
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
-            self.kicked.discard(key)  # this run sees every change made before it started
-            outcome = await asyncio.get_running_loop().run_in_executor(self.executor, self.reconcile, *key, cleanup)
+            if changed is None:  # a full run covers every child event that arrived before it started
+                self.changes.pop(key, None)
+                self.kicked.discard(key)
+            outcome = await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.reconcile, *key, cleanup, body, changed)
         if outcome.gone:
             self.locks.pop(key, None)
         return outcome
 
-    def kick(self, key: tuple[str, str]) -> None:
-        """Reconcile `key` soon; kicks that arrive while one is queued are folded into it."""
+    def kick(self, key: Key, child: tuple[str, str], body: Optional[dict]) -> None:
+        """Refresh `key` soon for this child (its body, None when deleted); kicks that arrive while one is queued
+        are folded into it."""
+        self.changes.setdefault(key, {})[child] = body
         if key not in self.kicked:
             self.kicked.add(key)
             asyncio.get_running_loop().create_task(self._kicked(key))
 
-    async def _kicked(self, key: tuple[str, str]) -> None:
+    async def _kicked(self, key: Key) -> None:
         try:
-            await self.run(key, cleanup=False)
+            async with self.locks.setdefault(key, asyncio.Lock()):
+                self.kicked.discard(key)
+                changed = self.changes.pop(key, None)
+            if changed is None:
+                return  # a full run took them
+            # A deleted child is restored only after a fresh read shows its owner still exists.
+            body = None if None in changed.values() else self.models.get(key)
+            await self.run(key, cleanup=False, body=body, changed=changed)
         except ApiError as exc:
             log.warning("reconcile of %s/%s after a child event failed (%s); retrying in %.0f s", *key, exc,
                         RETRY_DELAY_S)
-            asyncio.get_running_loop().call_later(RETRY_DELAY_S, self.kick, key)
+            asyncio.get_running_loop().call_later(RETRY_DELAY_S, self.kick_full, key)
         except Exception:  # never let one object's bug stop the others
+            log.exception("reconcile of %s/%s failed", *key)
+
+    def kick_full(self, key: Key) -> None:
+        asyncio.get_running_loop().create_task(self._full(key))
+
+    async def _full(self, key: Key) -> None:
+        try:
+            await self.run(key, cleanup=False)
+        except ApiError as exc:
+            log.warning("reconcile of %s/%s failed (%s); retrying in %.0f s", *key, exc, RETRY_DELAY_S)
+            asyncio.get_running_loop().call_later(RETRY_DELAY_S, self.kick_full, key)
+        except Exception:
             log.exception("reconcile of %s/%s failed", *key)
 
 
@@ -104,19 +137,32 @@ def login(**kwargs: Any) -> Any:
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec", registry=registry)
-async def reconcile_model(namespace: str, name: str, memo: Any, **_: Any) -> None:
+async def reconcile_model(namespace: str, name: str, body: Any, reason: str, memo: Any, **_: Any) -> None:
+    # A new object has no stale children to look for; a changed or resumed one may.
     try:
-        outcome = await memo.reconciler.run((namespace, name), cleanup=True)
+        outcome = await memo.reconciler.run((namespace, name), cleanup=reason != "create",
+                                            body=copy.deepcopy(dict(body)))
     except ApiError as exc:
         raise kopf.TemporaryError(f"the API server failed ({exc}); retrying", delay=RETRY_DELAY_S) from None
     if outcome.spec_error:
         raise kopf.PermanentError(outcome.spec_error)
 
 
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry, id="model-cache")
+async def model_seen(namespace: str, name: str, event: dict, memo: Any, **_: Any) -> None:
+    """Keep the latest copy of every NeuronModel: a child event then reconciles without reading its owner."""
+    if event.get("type") == "DELETED":
+        memo.reconciler.models.pop((namespace, name), None)
+    else:
+        memo.reconciler.models[(namespace, name)] = event["object"]
+
+
 def _on_child_event(group: str, version: str, plural: str) -> None:
     @kopf.on.event(group, version, plural, labels=OURS, registry=registry, id=f"child-{plural}")
-    async def child_changed(namespace: str, labels: dict, memo: Any, **_: Any) -> None:
-        memo.reconciler.kick((namespace, labels[api.LABEL_NAME]))
+    async def child_changed(namespace: str, name: str, labels: dict, event: dict, memo: Any, **_: Any) -> None:
+        obj = event["object"]
+        memo.reconciler.kick((namespace, labels[api.LABEL_NAME]), (obj.get("kind") or _KINDS[plural], name),
+                             None if event.get("type") == "DELETED" else obj)
 
 
 for _group, _version, _plural in CHILDREN:

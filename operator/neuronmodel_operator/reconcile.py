@@ -8,6 +8,13 @@ running the spec it runs now (read back from its `served-spec` annotation), with
 from the new spec; a NeuronModel that has never served gets its Service only. The workload rolls once the Job
 succeeds. A spec change that keeps the compile key rolls at once, or not at all when the pod template is unchanged
 (replicas, say).
+
+Two entry points, to keep the requests per event low (bench/operator.py counts them): a full run (`changed` is
+None: the NeuronModel was created, changed or resumed, or a child of a model with a compile Job changed) applies
+every child; a refresh (`changed` holds the children whose events arrived) re-applies only a child that was
+deleted or no longer holds what we set, and recomputes the status only when the workload or a pod changed. The
+last status written per object is remembered, so a reconcile never needs the NeuronModel's freshest copy to
+know what it already reported.
 """
 
 from __future__ import annotations
@@ -65,16 +72,37 @@ def _served_target(workload: Optional[dict], target: Target, defaults: OperatorD
     return replace(target, spec=spec, resolved=replace(resolved, compile_job=target.resolved.compile_job))
 
 
+def contains(live: object, wanted: object) -> bool:
+    """Does the live object still hold everything we set? (The server adds defaults; it never drops our fields
+    unless someone edited them.) A false "no" costs one no-op apply, never a wrong object."""
+    if isinstance(wanted, dict):
+        return isinstance(live, dict) and all(key in live and contains(live[key], value)
+                                              for key, value in wanted.items())
+    if isinstance(wanted, list):
+        return isinstance(live, list) and len(live) == len(wanted) and all(map(contains, live, wanted))
+    return live == wanted
+
+
+#: (kind, name) -> the child as its event showed it, None when it was deleted.
+Changes = dict[tuple[str, str], Optional[dict]]
+
+
 class Reconcile:
     """Applies desired state for one object per call; `defaults` fill what specs leave unset."""
 
     def __init__(self, kube: Kube, defaults: OperatorDefaults):
         self.kube = kube
         self.defaults = defaults
+        self._reported: dict[str, dict] = {}  # uid -> the last status written (only this operator writes it)
 
-    def __call__(self, namespace: str, name: str, cleanup: bool) -> Outcome:
-        body = self.kube.get(api.KIND, namespace, name)
+    def __call__(self, namespace: str, name: str, cleanup: bool, body: Optional[dict] = None,
+                 changed: Optional[Changes] = None) -> Outcome:
+        """`body`: the NeuronModel if the caller has a recent copy (else it is read); `changed`: see the module."""
+        if body is None:
+            body = self.kube.get(api.KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
+            if body is not None:
+                self._reported.pop(body["metadata"]["uid"], None)
             return Outcome(gone=True)  # children go with it through their ownerReferences
         try:
             target = target_from_body(body, self.defaults)
@@ -83,6 +111,8 @@ class Reconcile:
             return Outcome(spec_error=str(exc))
         resolved = target.resolved
         try:
+            if changed is not None and not resolved.compile_job:
+                return self._refresh(body, target, changed)
             return self._apply(body, target, cleanup)
         except ApiError as exc:
             if exc.retryable:
@@ -114,12 +144,49 @@ class Reconcile:
             applied = self.kube.apply(manifest)
             if manifest["kind"] == workload_kind:
                 workload = applied
-        if cleanup or not held:
+        if cleanup or (target.resolved.compile_job and not held):
             keep = {(m["kind"], m["metadata"]["name"]) for m in desired + builders.compile_children(target)}
             self._delete_stale(target, keep, full=cleanup)
-        pods = self.kube.list("Pod", target.namespace, selector_string(target)) if workload else []
-        self._write_status(body, target.resolved, target, None, workload, job, pods, held)
+        self._write_status(body, target.resolved, target, None, workload, job, self._pods(body, target, workload),
+                           held)
         return Outcome(held=held)
+
+    def _refresh(self, body: dict, target: Target, changed: Changes) -> Outcome:
+        """Restore the changed children that drifted; the status when the workload or a pod changed."""
+        desired = {(m["kind"], m["metadata"]["name"]): m for m in builders.serving_children(target)}
+        workload_key = ("LeaderWorkerSet" if target.multi_node else "Deployment", workload_name(target))
+        workload, status_changed = None, False
+        for key, live in changed.items():
+            wanted = desired.get(key)
+            if wanted is not None and (live is None or not contains(live, wanted)):
+                log.info("restoring %s %s/%s", key[0], target.namespace, key[1])
+                live = self.kube.apply(wanted)
+            if key == workload_key:
+                workload, status_changed = live, True
+            status_changed |= key[0] == "Pod"
+        if status_changed:
+            if workload is None:
+                workload = self.kube.get(workload_key[0], target.namespace, workload_key[1])
+            self._write_status(body, target.resolved, target, None, workload, None,
+                               self._pods(body, target, workload), held=False)
+        return Outcome()
+
+    def _pods(self, body: dict, target: Target, workload: Optional[dict]) -> list:
+        """The serving pods, when the status needs them: not for an empty workload, nor for a complete one whose
+        load time is already recorded."""
+        if workload is None:
+            return []
+        desired = (workload.get("spec") or {}).get("replicas", 1)
+        state = workload.get("status") or {}
+        total, ready = state.get("replicas", 0), state.get("readyReplicas", 0)
+        settled = total == desired and ready >= desired
+        load_known = "loadSeconds" in (self._previous(body).get("timings") or {})
+        if (desired == 0 and total == 0) or (settled and load_known):
+            return []
+        return self.kube.list("Pod", target.namespace, selector_string(target))
+
+    def _previous(self, body: dict) -> dict:
+        return self._reported.get(body["metadata"]["uid"]) or body.get("status") or {}
 
     def _delete_stale(self, target: Target, keep: set, full: bool) -> None:
         """Children with our label that the current spec does not want. Without `full`, only compile leftovers."""
@@ -136,7 +203,7 @@ class Reconcile:
                       spec_error: Optional[str], workload: Optional[dict], job: Optional[dict], pods: list,
                       held: bool) -> None:
         meta = body["metadata"]
-        previous = body.get("status") or {}
+        previous = self._previous(body)
         spec_replicas = (body.get("spec") or {}).get("replicas")
         observed = status.Observed(
             generation=meta.get("generation", 1), created=_time(meta["creationTimestamp"]), previous=previous,
@@ -149,5 +216,6 @@ class Reconcile:
         current = status.status(observed)
         if current != previous:
             self.kube.patch_status(meta["namespace"], meta["name"], status.merge_patch(previous, current))
+        self._reported[meta["uid"]] = current
         for type_, reason, message in status.events(previous, current):
             self.kube.event(body, type_, reason, message)

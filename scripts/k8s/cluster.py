@@ -205,7 +205,10 @@ class ControlPlane:
                     "--use-service-account-credentials=true", "--controllers=*")
         self._spawn("kube-scheduler", *delegated, f"--secure-port={sched_port}")
         self._spawn("kwok", f"--kubeconfig={self.kubeconfig}", f"--config={install.kwok_stages()}",
-                    "--manage-all-nodes=false", f"--manage-nodes-with-label-selector={nodes.KWOK_SELECTOR}")
+                    "--manage-all-nodes=false", f"--manage-nodes-with-label-selector={nodes.KWOK_SELECTOR}",
+                    # the heartbeat stage renews node Leases (as kwokctl does): without them the node controller
+                    # marks every node NotReady after its grace period (~50 s) and their pods unready
+                    "--node-lease-duration-seconds=40")
         self._apply({"apiVersion": "v1", "kind": "List", "items": nodes.nodes()})
         insecure = ssl._create_unverified_context()  # the components' self-signed serving certs
         self._wait("kube-controller-manager", lambda: _get(f"https://127.0.0.1:{kcm_port}/healthz", insecure)[0] == 200)

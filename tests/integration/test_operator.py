@@ -98,8 +98,11 @@ def test_every_sample_gets_its_children(api, name):
     jobs = api.batch.list_namespaced_job(api.ns).items
     compiles = spec.get("compileCache", {}).get("url") and spec["compileCache"].get("policy") != "Never"
     assert len(jobs) == (1 if compiles else 0)
-    hpas = kube.AutoscalingV2Api(api.apps.api_client).list_namespaced_horizontal_pod_autoscaler(api.ns).items
-    assert len(hpas) == (1 if "autoscaling" in spec else 0)
+    autoscaling = kube.AutoscalingV2Api(api.apps.api_client)
+    if "autoscaling" in spec:  # applied right after the workload
+        api.wait_until("the HPA", lambda: autoscaling.list_namespaced_horizontal_pod_autoscaler(api.ns).items, 10)
+    else:
+        assert not autoscaling.list_namespaced_horizontal_pod_autoscaler(api.ns).items
     status = api.wait_until("a status", lambda: api.get(model).get("status", {}).get("phase"))
     assert status in ("Pending", "Compiling", "Loading", "Ready", "Degraded")
 
