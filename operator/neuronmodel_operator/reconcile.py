@@ -147,7 +147,7 @@ class Reconcile:
         if cleanup or (target.resolved.compile_job and not held):
             keep = {(m["kind"], m["metadata"]["name"]) for m in desired + builders.compile_children(target)}
             self._delete_stale(target, keep, full=cleanup)
-        self._write_status(body, target.resolved, target, None, workload, job, self._pods(body, target, workload),
+        self._write_status(body, target.resolved, target, None, workload, job, self._pods(target, workload),
                            held)
         return Outcome(held=held)
 
@@ -168,20 +168,15 @@ class Reconcile:
             if workload is None:
                 workload = self.kube.get(workload_key[0], target.namespace, workload_key[1])
             self._write_status(body, target.resolved, target, None, workload, None,
-                               self._pods(body, target, workload), held=False)
+                               self._pods(target, workload), held=False)
         return Outcome()
 
-    def _pods(self, body: dict, target: Target, workload: Optional[dict]) -> list:
-        """The serving pods, when the status needs them: not for an empty workload, nor for a complete one whose
-        load time is already recorded."""
+    def _pods(self, target: Target, workload: Optional[dict]) -> list:
+        """The serving pods (status reads their scheduling and readiness); none to list for an empty workload."""
         if workload is None:
             return []
         desired = (workload.get("spec") or {}).get("replicas", 1)
-        state = workload.get("status") or {}
-        total, ready = state.get("replicas", 0), state.get("readyReplicas", 0)
-        settled = total == desired and ready >= desired
-        load_known = "loadSeconds" in (self._previous(body).get("timings") or {})
-        if (desired == 0 and total == 0) or (settled and load_known):
+        if desired == 0 and not (workload.get("status") or {}).get("replicas"):
             return []
         return self.kube.list("Pod", target.namespace, selector_string(target))
 
