@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Optional
@@ -90,9 +91,12 @@ Changes = dict[tuple[str, str], Optional[dict]]
 class Reconcile:
     """Applies desired state for one object per call; `defaults` fill what specs leave unset."""
 
-    def __init__(self, kube: Kube, defaults: OperatorDefaults):
+    def __init__(self, kube: Kube, defaults: OperatorDefaults, parallel_applies: int = 16):
         self.kube = kube
         self.defaults = defaults
+        # A model's serving children are independent objects (pods wait for their ConfigMap): applied at once, a
+        # reconcile costs one round trip instead of three to five.
+        self._appliers = ThreadPoolExecutor(max_workers=parallel_applies, thread_name_prefix="apply")
         self._reported: dict[str, dict] = {}  # uid -> the last status written (only this operator writes it)
 
     def __call__(self, namespace: str, name: str, cleanup: bool, body: Optional[dict] = None,
@@ -140,8 +144,7 @@ class Reconcile:
         desired = builders.serving_children(serving) if serving else \
             [m for m in builders.serving_children(target) if m["kind"] == "Service"]
         workload = None
-        for manifest in desired:
-            applied = self.kube.apply(manifest)
+        for manifest, applied in zip(desired, self._appliers.map(self.kube.apply, desired)):
             if manifest["kind"] == workload_kind:
                 workload = applied
         if cleanup or (target.resolved.compile_job and not held):
