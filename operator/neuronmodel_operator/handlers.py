@@ -75,10 +75,17 @@ class Reconciler:
         self.changes.setdefault(key, {})[child] = body
         if key not in self.kicked:
             self.kicked.add(key)
-            asyncio.get_running_loop().create_task(self._kicked(key))
+            asyncio.get_running_loop().create_task(self._background(key, full=False))
 
-    async def _kicked(self, key: Key) -> None:
+    def retry(self, key: Key) -> None:
+        asyncio.get_running_loop().create_task(self._background(key, full=True))
+
+    async def _background(self, key: Key, full: bool) -> None:
+        """A queued refresh (or, after a failure, a full run), its errors logged and retried: never raised."""
         try:
+            if full:
+                await self.run(key, cleanup=False)
+                return
             async with self.locks.setdefault(key, asyncio.Lock()):
                 self.kicked.discard(key)
                 changed = self.changes.pop(key, None)
@@ -88,22 +95,9 @@ class Reconciler:
             body = None if None in changed.values() else self.models.get(key)
             await self.run(key, cleanup=False, body=body, changed=changed)
         except ApiError as exc:
-            log.warning("reconcile of %s/%s after a child event failed (%s); retrying in %.0f s", *key, exc,
-                        RETRY_DELAY_S)
-            asyncio.get_running_loop().call_later(RETRY_DELAY_S, self.kick_full, key)
-        except Exception:  # never let one object's bug stop the others
-            log.exception("reconcile of %s/%s failed", *key)
-
-    def kick_full(self, key: Key) -> None:
-        asyncio.get_running_loop().create_task(self._full(key))
-
-    async def _full(self, key: Key) -> None:
-        try:
-            await self.run(key, cleanup=False)
-        except ApiError as exc:
             log.warning("reconcile of %s/%s failed (%s); retrying in %.0f s", *key, exc, RETRY_DELAY_S)
-            asyncio.get_running_loop().call_later(RETRY_DELAY_S, self.kick_full, key)
-        except Exception:
+            asyncio.get_running_loop().call_later(RETRY_DELAY_S, self.retry, key)
+        except Exception:  # never let one object's bug stop the others
             log.exception("reconcile of %s/%s failed", *key)
 
 
@@ -153,6 +147,7 @@ async def model_seen(namespace: str, name: str, event: dict, memo: Any, **_: Any
     """Keep the latest copy of every NeuronModel: a child event then reconciles without reading its owner."""
     if event.get("type") == "DELETED":
         memo.reconciler.models.pop((namespace, name), None)
+        memo.reconciler.reconcile.forget(event["object"]["metadata"]["uid"])
     else:
         memo.reconciler.models[(namespace, name)] = event["object"]
 

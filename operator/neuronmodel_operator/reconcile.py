@@ -183,6 +183,10 @@ class Reconcile:
             return []
         return self.kube.list("Pod", target.namespace, selector_string(target))
 
+    def forget(self, uid: str) -> None:
+        """The NeuronModel is gone: drop what was remembered of it."""
+        self._reported.pop(uid, None)
+
     def _previous(self, body: dict) -> dict:
         return self._reported.get(body["metadata"]["uid"]) or body.get("status") or {}
 

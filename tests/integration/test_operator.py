@@ -93,8 +93,13 @@ def test_every_sample_gets_its_children(api, name):
     api.wait_until("the serving workload", lambda: api.custom.list_namespaced_custom_object(
         "leaderworkerset.x-k8s.io", "v1", api.ns, "leaderworkersets")["items"] if multinode
         else api.deployment(model), 60)
-    assert api.core.read_namespaced_service(model, api.ns).spec.ports[0].port == 8000
-    assert api.core.read_namespaced_config_map(f"{model}-runtime", api.ns).data["config.json"]
+    # the children of one reconcile are applied at once: wait for each
+    service = api.wait_until("the Service", lambda: next(
+        iter(api.core.list_namespaced_service(api.ns, field_selector=f"metadata.name={model}").items), None), 10)
+    assert service.spec.ports[0].port == 8000
+    config = api.wait_until("the ConfigMap", lambda: next(iter(api.core.list_namespaced_config_map(
+        api.ns, field_selector=f"metadata.name={model}-runtime").items), None), 10)
+    assert config.data["config.json"]
     jobs = api.batch.list_namespaced_job(api.ns).items
     compiles = spec.get("compileCache", {}).get("url") and spec["compileCache"].get("policy") != "Never"
     assert len(jobs) == (1 if compiles else 0)
