@@ -88,6 +88,16 @@ def contains(live: object, wanted: object) -> bool:
 Changes = dict[tuple[str, str], Optional[dict]]
 
 
+def _awaiting_controller(workload: Optional[dict]) -> bool:
+    """A Deployment whose controller has not yet observed the generation just applied: its status says nothing
+    about this spec yet, and the controller's next status write (an event that refreshes the status) will. Writing
+    the status now would cost one more NeuronModel write, and one more kopf event, per change."""
+    if workload is None or workload.get("kind") != "Deployment":
+        return False
+    observed = (workload.get("status") or {}).get("observedGeneration", 0)
+    return observed < workload["metadata"].get("generation", 1)
+
+
 class Reconcile:
     """Applies desired state for one object per call; `defaults` fill what specs leave unset."""
 
@@ -150,8 +160,9 @@ class Reconcile:
         if cleanup or (target.resolved.compile_job and not held):
             keep = {(m["kind"], m["metadata"]["name"]) for m in desired + builders.compile_children(target)}
             self._delete_stale(target, keep, full=cleanup)
-        self._write_status(body, target.resolved, target, None, workload, job, self._pods(target, workload),
-                           held)
+        if not _awaiting_controller(workload):
+            self._write_status(body, target.resolved, target, None, workload, job, self._pods(target, workload),
+                               held)
         return Outcome(held=held)
 
     def _refresh(self, body: dict, target: Target, changed: Changes) -> Outcome:
@@ -170,6 +181,8 @@ class Reconcile:
         if status_changed:
             if workload is None:
                 workload = self.kube.get(workload_key[0], target.namespace, workload_key[1])
+            if _awaiting_controller(workload):
+                return Outcome()
             self._write_status(body, target.resolved, target, None, workload, None,
                                self._pods(target, workload), held=False)
         return Outcome()

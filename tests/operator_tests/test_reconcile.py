@@ -36,6 +36,7 @@ class FakeKube:
         self.status_patches: list[dict] = []
         self.events: list[tuple[str, str, str]] = []
         self.fail_apply: dict[str, ApiError] = {}  # kind -> the error apply raises
+        self.lagging: set[tuple[str, str]] = set()  # (kind, name) whose controller has not observed the spec yet
 
     # --- test helpers
     def put(self, obj: dict) -> None:
@@ -57,10 +58,15 @@ class FakeKube:
         return self.objects[api.KIND, NS, NAME]
 
     def _with_status(self, kind: str, obj: dict) -> dict:
+        """The object with its scripted status; a Deployment's controller has observed its generation unless the
+        test lists it in `lagging` (as right after an apply on a busy cluster)."""
         out = copy.deepcopy(obj)
-        scripted = self.statuses.get((kind, obj["metadata"]["name"]))
+        name = obj["metadata"]["name"]
+        scripted = self.statuses.get((kind, name))
         if scripted is not None:
             out["status"] = copy.deepcopy(scripted)
+        if kind == "Deployment" and (kind, name) not in self.lagging:
+            out.setdefault("status", {}).setdefault("observedGeneration", out["metadata"]["generation"])
         return out
 
     # --- k8s.Kube
@@ -70,8 +76,14 @@ class FakeKube:
             raise self.fail_apply[kind]
         assert "status" not in manifest, "the operator never applies a child's status"
         self.applied.append(copy.deepcopy(manifest))
-        self.objects[kind, meta["namespace"], meta["name"]] = copy.deepcopy(manifest)
-        return self._with_status(kind, manifest)
+        key = (kind, meta["namespace"], meta["name"])
+        stored = copy.deepcopy(manifest)
+        before = self.objects.get(key)
+        generation = (before or {}).get("metadata", {}).get("generation", 0)
+        changed = before is None or before.get("spec") != manifest.get("spec")
+        stored["metadata"]["generation"] = generation + 1 if changed else generation
+        self.objects[key] = stored
+        return self._with_status(kind, stored)
 
     def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
         obj = self.objects.get((kind, namespace, name))
@@ -430,3 +442,17 @@ def test_retryable_api_error_propagates(kube, reconcile, code):
         reconcile(NS, NAME, cleanup=True)
     assert err.value.status == code and err.value.retryable
     assert "status" not in kube.model()  # no Failed status for an error that heals by itself
+
+
+def test_status_waits_for_the_deployment_controller_to_observe_the_new_spec(kube, reconcile):
+    """Right after an apply the Deployment's status speaks of the old generation: the operator writes no status
+    then (one NeuronModel write and one kopf event fewer per change), and writes it when the controller's status
+    update arrives as a child event."""
+    kube.put(body(TORCH))
+    kube.lagging.add(("Deployment", NAME))
+    reconcile(NS, NAME, cleanup=False)
+    assert kube.one("Deployment") and not kube.status_patches and not kube.events
+    kube.lagging.clear()
+    deployment = kube.get("Deployment", NS, NAME)
+    reconcile(NS, NAME, cleanup=False, changed={("Deployment", NAME): deployment})
+    assert kube.status_patches and kube.model()["status"]["phase"] == "Pending"
