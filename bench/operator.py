@@ -61,20 +61,19 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _harness import ROOT, figure, free_port
+from _harness import ROOT, figure
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from k8s import cluster, install  # noqa: E402
+from k8s.operator_process import OperatorProcess  # noqa: E402
 
 from neuronmodel_operator import api  # noqa: E402
 from neuronmodel_operator.builders import Target, serving_children  # noqa: E402
@@ -296,29 +295,8 @@ def rss_mb(pids: list[int]) -> float:
     return total_kb / 1024
 
 
-class Operator:
-    def __init__(self, kubeconfig: Path, logfile: Path):
-        self.kubeconfig, self.logfile = kubeconfig, logfile
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        liveness = f"http://127.0.0.1:{free_port()}/healthz"
-        exe = Path(sys.executable).parent / "neuronmodel-operator"
-        with self.logfile.open("a") as out:
-            self.process = subprocess.Popen(
-                [str(exe), "--kubeconfig", str(self.kubeconfig), "--liveness", liveness, "--runtime-image", IMAGE],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + 90
-        while True:  # kopf answers its liveness probe once it is watching
-            try:
-                with urllib.request.urlopen(liveness, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"neuronmodel-operator did not start; log tail:\n{self.tail()}")
-            time.sleep(0.2)
+class Operator(OperatorProcess):
+    """The operator under measurement (its CPU and RSS read from /proc)."""
 
     def alive(self) -> None:
         if self.process.poll() is not None:
@@ -326,18 +304,6 @@ class Operator:
 
     def rss_mb(self) -> float:
         return rss_mb(process_tree(self.process.pid))
-
-    def tail(self, chars: int = 4000) -> str:
-        return self.logfile.read_text(errors="replace")[-chars:] if self.logfile.exists() else ""
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
 
 
 def install_crd(plane: cluster.ControlPlane) -> None:
@@ -449,7 +415,7 @@ def main() -> None:
 
     data_dir = Path(tempfile.mkdtemp(prefix="neuronmodel-bench-operator-"))
     plane = cluster.ControlPlane(data_dir / "cluster")
-    operator = Operator(plane.kubeconfig, data_dir / "operator.log")
+    operator = Operator(plane.kubeconfig, data_dir / "operator.log", IMAGE)
     watches = None
     failed = True
     try:
@@ -464,7 +430,7 @@ def main() -> None:
         watches.start()
         operator.start()
         settle = Quiet(operator, plane, client)
-        log(f"operator started (pid {operator.process.pid}, rss {operator.rss_mb():.0f} MB); log {operator.logfile}")
+        log(f"operator started (pid {operator.process.pid}, rss {operator.rss_mb():.0f} MB); log {operator.log}")
         settle()
 
         # Warm-up, untimed: one NeuronModel through the operator (fails fast, with the operator's log, when it
@@ -550,7 +516,7 @@ def main() -> None:
     finally:
         if watches:
             watches.stopping = True
-        if failed and operator.logfile.exists():
+        if failed and operator.log.exists():
             log(f"operator log tail:\n{operator.tail()}")
         operator.stop()
         plane.stop(remove=False)

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
-import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +27,7 @@ from kubernetes import client as kube  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from k8s import cluster, install  # noqa: E402
+from k8s.operator_process import OperatorProcess  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -144,54 +142,6 @@ RBAC_RULES = ROOT / "rbac" / "operator-rules.yaml"
 TEST_IMAGE = "neuronmodel-runtime:test"
 
 
-class OperatorProcess:
-    """`neuronmodel-operator` as a subprocess, watching every namespace as its own ServiceAccount."""
-
-    def __init__(self, kubeconfig: Path, log: Path):
-        self.kubeconfig = kubeconfig
-        self.log = log
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.liveness = f"http://127.0.0.1:{port}/healthz"
-        exe = Path(sys.executable).parent / "neuronmodel-operator"
-        with self.log.open("a") as out:
-            self.process = subprocess.Popen(
-                [str(exe), "--kubeconfig", str(self.kubeconfig), "--liveness", self.liveness,
-                 "--runtime-image", TEST_IMAGE, "--verbose"],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + 60
-        while True:  # kopf answers its liveness probe once it has started watching
-            try:
-                with urllib.request.urlopen(self.liveness, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"neuronmodel-operator did not start; log:\n{self.log.read_text()[-4000:]}")
-            time.sleep(0.2)
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash or an OOM kill would: no cleanup runs."""
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 @pytest.fixture(scope="session")
 def neuronmodel_crd(install_crds) -> Path:
     install_crds(CRD)
@@ -229,8 +179,9 @@ def operator_rbac(control_plane, admin_client, wait_until) -> ServiceAccountAcce
 @pytest.fixture(scope="session")
 def operator(neuronmodel_crd, operator_rbac, control_plane) -> OperatorProcess:
     """The operator, running for the whole session (tests that stop it start it again)."""
-    process = OperatorProcess(operator_rbac.kubeconfig, control_plane.data_dir / "logs" / "operator.log")
-    process.start()
+    process = OperatorProcess(operator_rbac.kubeconfig, control_plane.data_dir / "logs" / "operator.log",
+                              TEST_IMAGE, "--verbose")
+    process.start(timeout=60)
     yield process
     process.stop()
 
