@@ -19,7 +19,6 @@ Before sampling, the logits processors (min_tokens mask, logit_bias, penalties) 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -36,15 +35,12 @@ from neuronmodel_runtime.runners.base import (
     RunnerError,
     ScoreBatch,
     StepOutput,
-    TokenLogprob,
 )
 from neuronmodel_runtime.runners.checkpoint import build_weights, read_config, read_tensors, resolve_dtype
 from neuronmodel_runtime.runners.llama import LlamaModel
 from neuronmodel_runtime.runners.vocabulary import vocabulary_mismatch
+from neuronmodel_runtime.runners.slot_sampler import SlotSampler
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingCapabilities
-from neuronmodel_runtime.sampling.processors import apply_logits_processors
-from neuronmodel_runtime.sampling.sampler import sample
-from neuronmodel_runtime.sampling.tensors import sampling_tensor, validate_sampling_tensor
 
 #: A prefill group grows while its padded size stays within this factor of its real tokens. Measured on 2 CPU
 #: cores with SmolLM2: one right-padded forward of 8-16 short prompts is 30-40% faster than one forward each.
@@ -73,15 +69,13 @@ class TorchReferenceRunner(ModelRunner):
         self.config = config
         self.model_path = Path(model_path)
         self.device = torch.device(config.device)
-        self.global_top_k = config.sampling.global_top_k
         self.model: Optional[LlamaModel] = None
         self.draft: Optional[LlamaModel] = None  # speculation.mode "draft" only
         spec = config.speculation
         self.speculation_length = spec.num_speculative_tokens if spec.mode in ("draft", "promptLookup") else 0
-        # Per slot: the generator its sequence samples with; seeded at prefill, continued by every decode.
-        self._generators: dict[int, torch.Generator] = {}
         # Host sampling draws on the CPU, so its generators live there.
-        self._sampling_device = self.device if config.sampling.on_device else torch.device("cpu")
+        self.sampler = SlotSampler(config.sampling.global_top_k,
+                                   self.device if config.sampling.on_device else torch.device("cpu"))
 
     @torch.inference_mode()
     def load(self) -> None:
@@ -133,7 +127,7 @@ class TorchReferenceRunner(ModelRunner):
         return RunnerCapabilities(
             sampling=SamplingCapabilities(
                 runner=self.framework,
-                max_top_k=self.global_top_k,
+                max_top_k=self.config.sampling.global_top_k,
                 top_p_rule="keep",
                 seeds=True,
                 logprobs=not on_device,  # on the device, only token ids leave the runner (as on Neuron)
@@ -153,8 +147,7 @@ class TorchReferenceRunner(ModelRunner):
         lengths = [len(p) for p in batch.prompt_ids]
         if not all(1 <= n <= self.config.max_context_length for n in lengths):
             raise ValueError(f"prompt lengths {lengths} must be in [1, {self.config.max_context_length}]")
-        for slot, row in zip(batch.slots, batch.sampling):
-            self._generators[slot] = self._seeded(row.seed)
+        self.sampler.seed(batch.slots, batch.sampling)
         logits = torch.empty((len(lengths), model.config.vocab_size), dtype=model.dtype, device=model.device)
         for group in prefill_groups(lengths):
             width = max(lengths[i] for i in group)
@@ -205,7 +198,7 @@ class TorchReferenceRunner(ModelRunner):
         return logits
 
     def slot_generators(self, slots: Sequence[int]) -> list[torch.Generator]:
-        return self._generators_of(slots)
+        return self.sampler.generators(slots)
 
     def draft_model(self) -> LlamaModel:
         if self.draft is None:
@@ -214,7 +207,7 @@ class TorchReferenceRunner(ModelRunner):
 
     def release(self, slot: int) -> None:
         # NOTE: the KV line needs no reset: a position is always written before it is read (see llama.py).
-        self._generators.pop(slot, None)
+        self.sampler.release(slot)
 
     def info(self) -> dict[str, Any]:
         facts: dict[str, Any] = {"framework": self.framework, "torch": torch.__version__, "device": str(self.device)}
@@ -224,7 +217,7 @@ class TorchReferenceRunner(ModelRunner):
 
     def shutdown(self) -> None:
         self.model = None
-        self._generators.clear()
+        self.sampler.clear()
 
     def _model(self) -> LlamaModel:
         if self.model is None:
@@ -234,23 +227,6 @@ class TorchReferenceRunner(ModelRunner):
     def _check_slots(self, slots: Sequence[int]) -> None:
         if len(set(slots)) != len(slots) or not all(0 <= s < self.config.max_num_seqs for s in slots):
             raise ValueError(f"slots {list(slots)} must be distinct and in [0, {self.config.max_num_seqs})")
-
-    def _seeded(self, seed: Optional[int]) -> torch.Generator:
-        generator = torch.Generator(device=self._sampling_device)
-        generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-        return generator
-
-    def _sampling_tensor(self, rows: list[RowSampling]) -> torch.Tensor:
-        """NxDI's `[B, 3]` tensor, checked against NxDI's rules, as a Neuron runner would hand it over."""
-        params = sampling_tensor(rows, self.global_top_k)
-        validate_sampling_tensor(params, self.global_top_k)
-        return params
-
-    def _generators_of(self, slots: Sequence[int]) -> list[torch.Generator]:
-        for slot in slots:
-            if slot not in self._generators:  # a decode without a prefill in this runner: a fresh random seed
-                self._generators[slot] = self._seeded(None)
-        return [self._generators[s] for s in slots]
 
     def _sample(
         self,
@@ -263,31 +239,9 @@ class TorchReferenceRunner(ModelRunner):
 
         Logprobs are of the raw logits (vLLM's default `raw_logprobs`); the token is sampled from the processed ones.
         """
-        params = self._sampling_tensor(sampling)  # [B, 3]
-        generators = self._generators_of(slots)
         if not self.config.sampling.on_device:
             logits = torch.from_numpy(np.array(logits.float().cpu().numpy(), copy=True))  # the device->host copy
-        processed = apply_logits_processors(logits, sampling)
-        tokens = sample(processed, params, generators, self.global_top_k).tolist()
-        wanted = list(num_logprobs) + [None] * (len(slots) - len(num_logprobs))
-        logprobs = _logprobs(logits, tokens, wanted) if any(n is not None for n in wanted) else None
-        return StepOutput(token_ids=[[t] for t in tokens], logprobs=logprobs)
-
-
-def _logprobs(
-    logits: torch.Tensor, tokens: list[int], wanted: list[Optional[int]]
-) -> list[Optional[list[TokenLogprob]]]:
-    """Per row: log_softmax of the raw logits at the chosen token and its top-N, or None where not asked."""
-    rows = [i for i, n in enumerate(wanted) if n is not None]
-    logp = torch.log_softmax(logits[torch.tensor(rows, device=logits.device)].float(), dim=-1).cpu()  # [R, V]
-    top_n = max(wanted[i] for i in rows)
-    top_values, top_ids = logp.topk(max(top_n, 1), dim=-1)  # [R, N]
-    out: list[Optional[list[TokenLogprob]]] = [None] * len(tokens)
-    for r, i in enumerate(rows):
-        n = wanted[i]
-        top = dict(zip(top_ids[r, :n].tolist(), top_values[r, :n].tolist()))
-        out[i] = [TokenLogprob(logprob=float(logp[r, tokens[i]]), top=top)]
-    return out
+        return self.sampler.sample(logits, slots, sampling, num_logprobs)
 
 
 __all__ = ["PREFILL_PADDING_BUDGET", "TorchReferenceRunner", "prefill_groups"]
