@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 #: framework -> "module:Class"
 RUNNERS = {
     "torch": "neuronmodel_runtime.runners.torch_reference:TorchReferenceRunner",
+    "nxdi": "neuronmodel_runtime.runners.neuron_nxdi:NxdiRunner",
+    "tnx": "neuronmodel_runtime.runners.neuron_tnx:TnxRunner",
 }
 
 

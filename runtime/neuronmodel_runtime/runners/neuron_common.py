@@ -1,0 +1,98 @@
+"""What the NxDI and TNx runners share: the installed library's version, where compiled artifacts live, the row
+order Neuron's KV cache needs, and the capabilities of on-device versus host sampling.
+
+Nothing here imports a Neuron library; the runners import theirs lazily, in `load()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal, Mapping, Sequence
+
+from neuronmodel_runtime.config import RuntimeConfig, cache_root
+from neuronmodel_runtime.frameworks import NEURON_INSTALL_HINT
+from neuronmodel_runtime.releases import known, release_of
+from neuronmodel_runtime.runners.base import RunnerError
+from neuronmodel_runtime.sampling.params import SamplingCapabilities
+
+#: vLLM's variable for a compiled-artifacts folder; honoured so that artifacts compiled for vLLM Neuron load here.
+COMPILED_ARTIFACTS_ENV = "NEURON_COMPILED_ARTIFACTS"
+
+
+def import_library(framework: str, module: str, dist: str) -> tuple[ModuleType, str]:
+    """Import a Neuron library and return it with its distribution version (the package's `__version__` when the
+    distribution metadata is missing).
+
+    Raises:
+        RunnerError: not installed (with the install hint).
+    """
+    try:
+        library = importlib.import_module(module)
+    except ImportError as exc:
+        raise RunnerError(f"framework {framework!r}: cannot import {module} ({exc}): {NEURON_INSTALL_HINT}") from exc
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        version = str(getattr(library, "__version__", "unknown"))
+    return library, version
+
+
+def release_warning(framework: str, version: str) -> str | None:
+    """A warning when the installed release is not one the runner was written against (it may still work)."""
+    if release_of(framework, version) is not None:
+        return None
+    return (f"{framework} {version} is not a release this runner was written against ({known(framework)}); "
+            "it may work, but only those were checked against the library's source")
+
+
+def artifacts_dir(config: RuntimeConfig, framework: str, version: str, compiled: Mapping[str, Any],
+                  env: Mapping[str, str] = os.environ) -> Path:
+    """Where this configuration's compiled model lives: `$NEURON_COMPILED_ARTIFACTS` if set, else a folder in the
+    machine cache named by a digest of everything that shapes the compiled graphs (`compiled`) and the library
+    version, so a changed config never loads stale artifacts."""
+    if env.get(COMPILED_ARTIFACTS_ENV):
+        return Path(env[COMPILED_ARTIFACTS_ENV])
+    canonical = json.dumps({"framework": framework, "version": version, "model": str(config.model),
+                            "compiled": compiled}, sort_keys=True, default=str)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return cache_root(env) / "compiled" / f"{framework}-{version}" / digest
+
+
+def slot_order(slots: Sequence[int]) -> list[int]:
+    """Row indices sorted by slot. Neuron's token generation writes batch row i into KV line i, so rows go to the
+    device in slot order and come back through `restore`."""
+    return sorted(range(len(slots)), key=lambda i: slots[i])
+
+
+def restore(values: Sequence[Any], order: Sequence[int]) -> list[Any]:
+    """Undo `slot_order`: `values[j]` belongs to row `order[j]`."""
+    out: list[Any] = [None] * len(order)
+    for j, i in enumerate(order):
+        out[i] = values[j]
+    return out
+
+
+def sampling_capabilities(framework: str, on_device: bool, global_top_k: int,
+                          top_p_rule: Literal["keep", "drop"]) -> SamplingCapabilities:
+    """On the device a Neuron runner honours top_k / top_p / temperature only (Neuron's sampler: no generators to
+    seed, token ids out, its own top-p boundary rule `top_p_rule`); sampling on the host from its logits, it honours
+    everything the reference runner does."""
+    if not on_device:
+        return SamplingCapabilities(framework, max_top_k=global_top_k, top_p_rule="keep", seeds=True, logprobs=True,
+                                    penalties=True, logit_bias=True, stop_token_masking=True)
+    fix = "start it with sampling.on_device=false (the host samples, from the logits the device returns)"
+    return SamplingCapabilities(
+        framework, max_top_k=global_top_k, top_p_rule=top_p_rule, seeds=False, logprobs=False, penalties=False,
+        logit_bias=False, stop_token_masking=False,
+        fixes={"logprobs": fix, "seeds": fix, "penalties": fix, "logit_bias": fix, "min_tokens": fix},
+    )
+
+
+__all__ = ["COMPILED_ARTIFACTS_ENV", "artifacts_dir", "import_library", "release_warning", "restore",
+           "sampling_capabilities", "slot_order"]
