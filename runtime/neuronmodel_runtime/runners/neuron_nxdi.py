@@ -1,0 +1,384 @@
+"""The NxDI runner: NeuronX Distributed Inference (`neuronx_distributed_inference`) behind the slot contract.
+
+Written against NxDI 0.3 (SDK 2.23) through 0.9 (SDK 2.29), and 0.10 (SDK 2.30/2.31: maintenance releases with no
+public source, taken to keep 0.9's API); `releases.py` lists the commits. Where the releases differ the code branches
+on the installed version, citing the change. NEVER RUN ON NEURON HARDWARE: it is tested against contract fakes of
+each release (tests/runtime_tests/fake_neuron/) that enforce the library's rules.
+
+How NxDI is driven (as vLLM's NxDI integration, PR #16357 and the fix #18279, and vllm-neuron 0.2-0.5 drive it):
+
+- one `NeuronConfig` from the RuntimeConfig (`neuron_config_kwargs`, pure): batch_size = slots, continuous batching
+  with ctx_batch_size 1, dynamic on-device sampling unless `sampling.on_device` is false; `InferenceConfig` through
+  the model class's own config class and `load_pretrained_config`; the model class from NxDI's `MODEL_TYPES`.
+- compile once into an artifacts folder (`neuron_common.artifacts_dir`), then `cls(folder).load(folder)`: the loaded
+  `neuron_config.json` is what serves, so the capacity is read back from it.
+- `forward` by keyword, int32 ids. Prefill is one row per call (ctx_batch_size 1; `models/model_base.py` runs
+  context encoding iff `position_ids.min() == 0`). Decode sends the rows sorted by slot, because token generation
+  writes batch row i into KV line i (`modules/kvcache/kv_cache_manager.py`), and restores their order after.
+- the `[B, 3]` sampling tensor (top_k, top_p, temperature) is built per scheduled row, in the order sent; greedy is
+  (1, 1.0, 1.0) on every release, since up to 0.5 NxDI rejects top_k 0 and temperature 0 and from 0.6 (e07f056)
+  top_k <= 0 means uniform random; a fresh tensor per call, because from 0.6 `infer_sampling_params` rewrites it.
+- fused speculation (a draft model, or EAGLE / EAGLE3): NxDI compiled for `speculation_length` s runs the draft s
+  times and the target over s positions, so one step emits 1..s tokens: our k drafts are s = k + 1. Its output
+  `fused_outputs` is [accepted (B, s) padded, next_input_ids, next_attention_mask, next_pos_ids (B, 1)]; a row's
+  count is next_pos_ids - position (the padding is 0 before 0.8 and -1 from 0.8, cd3abf3: never read it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from neuronmodel_runtime.config import RuntimeConfig
+from neuronmodel_runtime.releases import parse_version, release_of
+from neuronmodel_runtime.runners.base import (
+    DecodeBatch,
+    ModelRunner,
+    PrefillBatch,
+    RunnerCapabilities,
+    RunnerCapacity,
+    RunnerError,
+    StepOutput,
+)
+from neuronmodel_runtime.runners.neuron_common import (
+    artifacts_dir,
+    import_library,
+    release_warning,
+    restore,
+    sampling_capabilities,
+    slot_order,
+)
+from neuronmodel_runtime.runners.slot_sampler import SlotSampler
+from neuronmodel_runtime.sampling.params import RowSampling
+from neuronmodel_runtime.sampling.tensors import sampling_tensor
+
+log = logging.getLogger(__name__)
+
+#: The file written last into an artifacts folder: without it a folder is a partial compile, never loaded.
+COMPILED_MARKER = ".neuronmodel-compiled.json"
+
+#: RuntimeConfig.dtype -> NeuronConfig.torch_dtype ("auto" is bfloat16 on Neuron, NxDI's own default).
+TORCH_DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+@dataclass(frozen=True)
+class Release:
+    """The installed NxDI, as the runner branches on it."""
+
+    version: str  # distribution version, e.g. 0.9.17334
+    minor: tuple[int, int]  # (0, 9)
+
+    @classmethod
+    def of(cls, version: str) -> "Release":
+        parsed = parse_version(version) or (0, 0)
+        return cls(version, (parsed[0], parsed[1] if len(parsed) > 1 else 0))
+
+    @property
+    def has_eagle3(self) -> bool:
+        # NeuronConfig.is_eagle3 arrived with 2.27 (fcb5a86); before, the kwarg is only warned about and ignored.
+        return self.minor >= (0, 7)
+
+
+def speculation_length(config: RuntimeConfig) -> int:
+    """NxDI's speculation_length for our k drafts: one step emits up to k+1 tokens (0 without fused speculation)."""
+    spec = config.speculation
+    return spec.num_speculative_tokens + 1 if spec.mode in ("draft", "eagle") else 0
+
+
+def neuron_config_kwargs(config: RuntimeConfig, eagle3: bool = False) -> dict[str, Any]:
+    """The NeuronConfig keyword arguments of this RuntimeConfig (pure; the desired compiled shape).
+
+    The compiled sequence is max_model_len + k long: a fused step writes k positions past a row's last token
+    even when only its first token is kept, so the last k positions of a line are scratch. Every kwarg here exists
+    with the same meaning in every release 0.3-0.10 (`models/config.py`), except is_eagle3 (0.7+), which `load`
+    refuses on older releases rather than let NxDI ignore it.
+    """
+    s = speculation_length(config)
+    kwargs: dict[str, Any] = {
+        "tp_degree": config.parallelism.tensor_parallel_degree,
+        "batch_size": config.max_num_seqs,
+        "ctx_batch_size": 1,  # one prompt per context-encoding call
+        "tkg_batch_size": config.max_num_seqs,
+        "max_batch_size": config.max_num_seqs,
+        "is_continuous_batching": True,  # seq_ids name the KV lines
+        "max_context_length": config.max_context_length,
+        "seq_len": config.max_model_len + max(s - 1, 0),
+        "torch_dtype": TORCH_DTYPES[config.dtype],
+        "padding_side": "right",
+        "enable_bucketing": True,  # NxDI buckets powers of two up to max_context_length / seq_len
+    }
+    if config.sampling.on_device:
+        # dynamic: per-row params from the [B, 3] tensor; without it NxDI takes the argmax and ignores them.
+        kwargs["on_device_sampling_config"] = {
+            "dynamic": True, "do_sample": True, "deterministic": False, "global_topk": config.sampling.global_top_k,
+        }
+    if s:
+        kwargs.update(speculation_length=s, enable_fused_speculation=True)
+        if config.speculation.mode == "eagle":
+            kwargs["enable_eagle_speculation"] = True
+            if eagle3:
+                kwargs["is_eagle3"] = True
+    nodes = config.parallelism.nodes
+    if nodes > 1:
+        kwargs["local_ranks_size"] = config.parallelism.tensor_parallel_degree // nodes
+    return kwargs
+
+
+def load_ranks(config: RuntimeConfig, node_rank: int) -> dict[str, Optional[int]]:
+    """`load()`'s start_rank_id / local_ranks_size: node n of a multi-node group loads ranks n*L .. n*L+L-1."""
+    nodes = config.parallelism.nodes
+    if nodes == 1:
+        return {"start_rank_id": None, "local_ranks_size": None}
+    local = config.parallelism.tensor_parallel_degree // nodes
+    return {"start_rank_id": node_rank * local, "local_ranks_size": local}
+
+
+def is_eagle3_draft(draft_path: Path) -> bool:
+    """EAGLE3 draft checkpoints name an Eagle3 architecture in their config.json (e.g. LlamaForCausalLMEagle3)."""
+    try:
+        raw = json.loads((draft_path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any("eagle3" in str(a).lower() for a in raw.get("architectures") or ())
+
+
+def model_class(model_types: dict[str, dict[str, Any]], model_type: str, version: str) -> Any:
+    """NxDI's causal-LM class for a checkpoint's model_type, from NxDI's own registry (`utils/constants.py`)."""
+    entry = model_types.get(model_type, {})
+    if "causal-lm" not in entry:
+        supported = sorted(k for k, v in model_types.items() if "causal-lm" in v)
+        raise RunnerError(
+            f"model_type {model_type!r} is not supported by NxDI {version} (it serves: {', '.join(supported)}); "
+            "serve it with another NxDI release, framework tnx, or framework torch"
+        )
+    return entry["causal-lm"]
+
+
+def device_sampling_tensor(rows: Sequence[RowSampling], global_top_k: int) -> torch.Tensor:
+    """`[B, 3]` float32 for NxDI, one row per row sent: top_k in [1, global_top_k] (-1 becomes global_top_k, as NxDI
+    must never see top_k <= 0), greedy as (1, 1.0, 1.0). A new tensor every call: NxDI may rewrite it."""
+    params = sampling_tensor(list(rows), global_top_k)
+    params[:, 0].clamp_(1, global_top_k)
+    return params
+
+
+def fused_step_tokens(accepted: torch.Tensor, next_positions: torch.Tensor, positions: Sequence[int],
+                      wanted: Sequence[int]) -> list[list[int]]:
+    """Per row, the tokens of one fused step: the first next_pos - pos of `accepted` (1..s), at most wanted[i]."""
+    counts = (next_positions.reshape(-1).to(torch.int64) - torch.tensor(positions, dtype=torch.int64)).tolist()
+    width = accepted.shape[1]
+    rows = accepted.to(torch.int64).tolist()
+    return [row[: min(max(1, n), width, w)] for row, n, w in zip(rows, counts, wanted)]
+
+
+class NxdiRunner(ModelRunner):
+    """An NxDI causal LM (Llama, Qwen2/3, Mixtral, ... as the installed release has them) in `max_num_seqs` slots."""
+
+    framework = "nxdi"
+
+    def __init__(self, config: RuntimeConfig, model_path: str, node_rank: int = 0):
+        self.config = config
+        self.model_path = Path(model_path)
+        self.node_rank = node_rank  # this node's index in a multi-node group (0 on one node)
+        self.global_top_k = config.sampling.global_top_k
+        self.k = speculation_length(config) - 1 if config.speculation.mode in ("draft", "eagle") else 0
+        self.sampler = SlotSampler(self.global_top_k, torch.device("cpu"))  # host sampling only
+        self.model: Any = None
+        self.library: Optional[Release] = None  # the installed NxDI, known after load()
+        self.artifacts: Optional[Path] = None
+        self.compiled_now = False  # this start compiled (True) or loaded compiled artifacts (False)
+        self._capacity: Optional[RunnerCapacity] = None
+
+    # --- load ---------------------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        cfg = self.config
+        if cfg.parallelism.nodes > 1:
+            raise RunnerError("parallelism.nodes > 1: multi-node NxDI serving needs the leader-to-worker input "
+                              "broadcast, which this release does not have yet; serve on one node")
+        if cfg.speculation.mode == "promptLookup":
+            raise RunnerError("speculation.mode 'promptLookup' is not served by the nxdi runner (NxDI speculates "
+                              "with a draft model or EAGLE on the device); use draft or eagle, or framework torch")
+        if self.k and not cfg.sampling.on_device:
+            raise RunnerError("speculation.mode draft/eagle on NxDI needs sampling.on_device=true (NxDI's fused "
+                              "speculation samples on the device); set it, or speculation.mode none")
+        library, version = import_library("nxdi", "neuronx_distributed_inference", "neuronx-distributed-inference")
+        self.library = release = Release.of(version)
+        warning = release_warning("nxdi", version)
+        if warning:
+            log.warning(warning)
+        from neuronx_distributed_inference.models import config as nxdi_config
+        from neuronx_distributed_inference.utils.constants import MODEL_TYPES
+        from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
+
+        model_type = _model_type(self.model_path)
+        cls = model_class(MODEL_TYPES, model_type, version)
+        eagle3 = cfg.speculation.mode == "eagle" and is_eagle3_draft(Path(str(cfg.speculation.draft_model)))
+        if eagle3 and not release.has_eagle3:
+            raise RunnerError(f"speculation.draft_model is an EAGLE3 draft, which NxDI {version} cannot serve "
+                              "(is_eagle3 arrived with NxDI 0.7, SDK 2.27); use an EAGLE (v1) draft or a newer image")
+        kwargs = neuron_config_kwargs(cfg, eagle3)
+        self.artifacts = artifacts_dir(cfg, "nxdi", version, {"neuron_config": kwargs, "model_type": model_type,
+                                                                "draft": cfg.speculation.draft_model})
+        if cfg.compile_cache.policy == "Always" or not (self.artifacts / COMPILED_MARKER).is_file():
+            if cfg.compile_cache.policy == "Never":
+                raise RunnerError(f"no compiled NxDI artifacts at {self.artifacts} and compile_cache.policy is "
+                                  "Never; compile them first (policy IfNotCached) or point NEURON_COMPILED_ARTIFACTS "
+                                  "at them")
+            self._compile(cls, nxdi_config, load_pretrained_config, kwargs)
+        self.model = cls(str(self.artifacts))
+        self.model.load(str(self.artifacts), **load_ranks(cfg, self.node_rank))
+        self._capacity = self._read_capacity(kwargs)
+
+    def _compile(self, cls: Any, nxdi_config: Any, load_pretrained_config: Any, kwargs: dict[str, Any]) -> None:
+        cfg = self.config
+        neuron_config = cls.get_neuron_config_cls()(**copy.deepcopy(kwargs))
+        config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(self.model_path)))
+        if self.k:
+            config.fused_spec_config = self._fused_spec_config(cls, nxdi_config, load_pretrained_config,
+                                                               neuron_config)
+        assert self.artifacts is not None
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        (self.artifacts / COMPILED_MARKER).unlink(missing_ok=True)
+        log.info("compiling for NxDI into %s (minutes to hours on Neuron)", self.artifacts)
+        cls(str(self.model_path), config).compile(str(self.artifacts))
+        (self.artifacts / COMPILED_MARKER).write_text(json.dumps({"neuron_config": kwargs}, default=str))
+        self.compiled_now = True
+
+    def _fused_spec_config(self, cls: Any, nxdi_config: Any, load_pretrained_config: Any, target: Any) -> Any:
+        """The draft's config, by NxDI's recipe (inference_demo, vLLM's loader): a copy of the target's neuron
+        config, unfused; an EAGLE draft keeps speculation_length and is flagged is_eagle_draft."""
+        draft_path = str(self.config.speculation.draft_model)
+        draft = copy.deepcopy(target)
+        eagle = self.config.speculation.mode == "eagle"
+        if not eagle:
+            draft.speculation_length = 0
+        draft.enable_fused_speculation = False
+        if eagle:
+            draft.is_eagle_draft = True
+            draft.sequence_parallel_enabled = False
+        draft_config = cls.get_config_cls()(draft, load_config=load_pretrained_config(draft_path))
+        return nxdi_config.FusedSpecNeuronConfig(cls._model_cls, draft_config=draft_config,
+                                                 draft_model_path=draft_path)
+
+    def _read_capacity(self, wanted: dict[str, Any]) -> RunnerCapacity:
+        """The capacity of the loaded (compiled) config; a folder compiled for another shape is an error, since
+        NxDI would silently serve its own shape (`NEURON_COMPILED_ARTIFACTS` can point anywhere)."""
+        nc = self.model.config.neuron_config
+        for name in ("tp_degree", "batch_size", "max_context_length", "seq_len", "speculation_length"):
+            have = getattr(nc, name, 0)
+            if have != wanted.get(name, 0):
+                raise RunnerError(f"the NxDI artifacts at {self.artifacts} were compiled with {name}={have}, this "
+                                  f"config needs {wanted.get(name, 0)}; recompile (compile_cache.policy Always) or "
+                                  "unset NEURON_COMPILED_ARTIFACTS")
+        vocab = int(getattr(self.model.config, "vocab_size", 0))
+        return RunnerCapacity(
+            max_num_seqs=nc.batch_size,
+            max_context_length=nc.max_context_length,
+            max_model_len=nc.seq_len - self.k,
+            speculation_length=self.k,
+            vocab_size=vocab,
+        )
+
+    # --- contract -----------------------------------------------------------------------------------------------
+
+    def capacity(self) -> RunnerCapacity:
+        if self._capacity is None:
+            raise RunnerError("the runner is not loaded: call load() first")
+        return self._capacity
+
+    def capabilities(self) -> RunnerCapabilities:
+        on_device = self.config.sampling.on_device
+        return RunnerCapabilities(
+            # NxDI's sampler drops the candidate whose cumulative mass crosses top_p (modules/generation/sampling.py)
+            sampling=sampling_capabilities(self.framework, on_device, self.global_top_k, top_p_rule="drop"),
+            host_drafts=False,
+            fused_speculation=(self.config.speculation.mode,) if self.k else (),
+            per_row_speculation_length=False,  # compiled for one speculation_length
+        )
+
+    @torch.inference_mode()
+    def prefill(self, batch: PrefillBatch) -> StepOutput:
+        """One context-encoding call per prompt (ctx_batch_size 1), into the prompt's slot."""
+        self.sampler.seed(batch.slots, batch.sampling)
+        limit = self.capacity().max_context_length
+        tokens: list[list[int]] = []
+        logits: list[torch.Tensor] = []
+        for slot, prompt, row in zip(batch.slots, batch.prompt_ids, batch.sampling):
+            if not 1 <= len(prompt) <= limit:
+                raise ValueError(f"prompt of {len(prompt)} tokens must be in [1, {limit}] (max_context_length)")
+            out = self.model(
+                input_ids=torch.tensor([prompt], dtype=torch.int32),
+                seq_ids=torch.tensor([slot], dtype=torch.int32),
+                position_ids=torch.arange(len(prompt), dtype=torch.int32).unsqueeze(0),
+                sampling_params=device_sampling_tensor([row], self.global_top_k),
+            )
+            if self.k:  # fused: the first token leads fused_outputs[0]
+                tokens.append([int(out.fused_outputs[0].reshape(1, -1)[0, 0])])
+            elif self.config.sampling.on_device:
+                tokens.append([int(out.tokens.reshape(-1)[0])])
+            else:
+                logits.append(out.logits.reshape(1, -1, out.logits.shape[-1])[:, -1, :].float())
+        if logits:
+            return self.sampler.sample(torch.cat(logits), batch.slots, batch.sampling, batch.num_logprobs)
+        return StepOutput(token_ids=tokens)
+
+    @torch.inference_mode()
+    def decode(self, batch: DecodeBatch) -> StepOutput:
+        """All rows in one token-generation call, in slot order; with fused speculation each row gets up to
+        num_spec_tokens[i] + 1 tokens (the first, and only, for rows that do not speculate this step)."""
+        order = slot_order(batch.slots)
+        out = self.model(
+            input_ids=torch.tensor([[batch.last_tokens[i]] for i in order], dtype=torch.int32),
+            seq_ids=torch.tensor([batch.slots[i] for i in order], dtype=torch.int32),
+            position_ids=torch.tensor([[batch.positions[i]] for i in order], dtype=torch.int32),
+            sampling_params=device_sampling_tensor([batch.sampling[i] for i in order], self.global_top_k),
+        )
+        if self.k:
+            wanted = [1 + (batch.num_spec_tokens[i] if batch.num_spec_tokens else 0) for i in order]
+            fused = out.fused_outputs
+            rows = fused_step_tokens(fused[0], fused[-1], [batch.positions[i] for i in order], wanted)
+            return StepOutput(token_ids=restore(rows, order), num_draft_tokens=list(batch.num_spec_tokens) or None)
+        if self.config.sampling.on_device:
+            return StepOutput(token_ids=restore([[t] for t in out.tokens.reshape(-1).tolist()], order))
+        logits = out.logits.reshape(len(order), -1, out.logits.shape[-1])[:, -1, :].float()  # [B, V], slot order
+        by_row = torch.empty_like(logits)
+        by_row[torch.tensor(order)] = logits
+        return self.sampler.sample(by_row, batch.slots, batch.sampling, batch.num_logprobs)
+
+    def release(self, slot: int) -> None:
+        self.sampler.release(slot)
+
+    def info(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {"framework": self.framework}
+        if self.library is not None:
+            known_release = release_of("nxdi", self.library.version)
+            facts.update(nxdi=self.library.version, sdk=known_release.sdk if known_release else None,
+                         written_against=known_release is not None)
+        if self.model is not None:
+            nc = self.model.config.neuron_config
+            facts.update(model_class=type(self.model).__name__, tp_degree=nc.tp_degree,
+                         dtype=str(nc.torch_dtype).removeprefix("torch."), artifacts=str(self.artifacts),
+                         compiled_now=self.compiled_now)
+        return facts
+
+    def shutdown(self) -> None:
+        self.model = None
+        self.sampler.clear()
+
+
+def _model_type(model_path: Path) -> str:
+    try:
+        return str(json.loads((model_path / "config.json").read_text())["model_type"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise RunnerError(f"model: cannot read model_type from {model_path / 'config.json'} ({exc})") from exc
+
+
+__all__ = ["COMPILED_MARKER", "NxdiRunner", "Release", "device_sampling_tensor", "fused_step_tokens",
+           "load_ranks", "model_class", "neuron_config_kwargs", "speculation_length"]
