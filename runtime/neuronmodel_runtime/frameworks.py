@@ -11,7 +11,10 @@ import glob
 import importlib.metadata
 import importlib.util
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from neuronmodel_runtime.releases import RELEASES, known, release_of
 
 #: framework -> (import name, distribution name)
 PACKAGES = {
@@ -20,7 +23,11 @@ PACKAGES = {
     "torch": ("torch", "torch"),
 }
 #: Other packages whose versions matter for Neuron (reported, and part of the compile-cache key later).
-RELATED = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc", "transformers": "transformers"}
+RELATED = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc", "libneuronxla": "libneuronxla",
+           "neuronx-distributed": "neuronx_distributed", "transformers": "transformers"}
+#: The Neuron runtime (libnrt) is a system package in the Neuron images (apt), not a Python one.
+RUNTIME_PACKAGE = "aws-neuronx-runtime-lib"
+DPKG_STATUS = "/var/lib/dpkg/status"
 
 NEURON_INSTALL_HINT = (
     "install it in the image from AWS's Neuron pip repository (or use an AWS Neuron Deep Learning Container); "
@@ -35,6 +42,7 @@ class FrameworkDetection:
     installed: dict[str, Optional[str]]  # framework -> version, or None when not importable
     related: dict[str, Optional[str]]  # related package -> version, or None
     neuron_devices: list[str]  # /dev/neuron* paths
+    neuron_runtime: Optional[str] = None  # version of the aws-neuronx-runtime-lib system package, if installed
 
     def available(self, framework: str) -> bool:
         return self.installed.get(framework) is not None
@@ -61,15 +69,46 @@ def _version(import_name: str, dist_name: str) -> Optional[str]:
         return "unknown"
 
 
+def dpkg_version(status: str, package: str) -> Optional[str]:
+    """The installed version of `package` in the text of a dpkg status file, or None."""
+    for stanza in status.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
+        if fields.get("Package") == package and fields.get("Status", "").endswith(" installed"):
+            return fields.get("Version")
+    return None
+
+
+def _runtime_version(status_file: str) -> Optional[str]:
+    try:
+        return dpkg_version(Path(status_file).read_text(errors="replace"), RUNTIME_PACKAGE)
+    except OSError:
+        return None
+
+
 def detect_frameworks(
     version_of: Callable[[str, str], Optional[str]] = _version,
     device_glob: str = "/dev/neuron*",
+    dpkg_status: str = DPKG_STATUS,
 ) -> FrameworkDetection:
     return FrameworkDetection(
         installed={fw: version_of(mod, dist) for fw, (mod, dist) in PACKAGES.items()},
         related={dist: version_of(mod, dist) for dist, mod in RELATED.items()},
         neuron_devices=sorted(glob.glob(device_glob)),
+        neuron_runtime=_runtime_version(dpkg_status),
     )
+
+
+def written_against(detection: FrameworkDetection) -> dict[str, dict[str, Any]]:
+    """Per installed Neuron framework: its version, and the SDK release line the runner was written against for it
+    (`release` None: a version the runner was not written against)."""
+    out: dict[str, dict[str, Any]] = {}
+    for framework in RELEASES:
+        version = detection.installed.get(framework)
+        if version is not None:
+            release = release_of(framework, version)
+            out[framework] = {"version": version, "release": release.sdk if release else None,
+                              "written_against": release is not None, "known": known(framework)}
+    return out
 
 
 TNX_DEPRECATION = (
@@ -126,7 +165,7 @@ def select_framework(requested: str, detection: FrameworkDetection) -> Framework
 
 def report(requested: str, detection: FrameworkDetection) -> dict:
     """The JSON printed by `neuronmodel-runtime info` and served in /v1/info."""
-    out: dict = {"requested": requested, "detected": asdict(detection)}
+    out: dict = {"requested": requested, "detected": asdict(detection), "releases": written_against(detection)}
     try:
         out["selected"] = asdict(select_framework(requested, detection))
     except FrameworkError as exc:

@@ -90,3 +90,24 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "neuronmodel_runtime.cli", "selftest", "--model", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "no Hugging Face model folder (config.json)" in out.stderr
+
+
+def test_report_says_whether_each_installed_release_is_one_the_runners_were_written_against():
+    releases = report("auto", host(nxdi="0.9.17334", tnx="0.14.1"))["releases"]
+    assert releases["nxdi"] == {"version": "0.9.17334", "release": "2.29", "written_against": True,
+                                "known": "0.3-0.10 (SDK 2.23-2.31)"}
+    assert releases["tnx"]["written_against"] is False and releases["tnx"]["release"] is None
+    assert "torch" not in releases
+
+
+def test_the_neuron_runtime_version_is_read_from_the_dpkg_status_file(tmp_path):
+    status = tmp_path / "status"
+    status.write_text(
+        "Package: aws-neuronx-tools\nStatus: install ok installed\nVersion: 2.22.61.0\n\n"
+        "Package: aws-neuronx-runtime-lib\nStatus: install ok installed\nArchitecture: amd64\n"
+        "Version: 2.25.57.0-166c7a468\nDescription: Neuron runtime\n with a continuation line: here\n\n"
+        "Package: aws-neuronx-collectives\nStatus: deinstall ok config-files\nVersion: 2.25.65.0\n")
+    detection = detect_frameworks(lambda mod, dist: None, str(tmp_path / "none*"), str(status))
+    assert detection.neuron_runtime == "2.25.57.0-166c7a468"
+    assert detect_frameworks(lambda mod, dist: None, str(tmp_path / "none*"), str(tmp_path / "absent")
+                             ).neuron_runtime is None
