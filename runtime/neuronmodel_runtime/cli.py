@@ -69,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", parents=[common], help="serve the OpenAI-compatible HTTP API")
     sub.add_parser("info", parents=[common], help="print framework detection and the effective config as JSON")
-    st = sub.add_parser("selftest", parents=[common], help="load the model and generate a few tokens")
+    st = sub.add_parser("selftest", parents=[common], help="check this runtime on this host: greedy, sampled and "
+                        "speculative generation and the compiled artifacts' round trip; prints a pass/fail table")
     st.add_argument("--tokens", type=int, default=16, help="tokens generated per prompt")
     fe = sub.add_parser("fetch", parents=[logs], help="download an hf:// or s3:// model source into a folder, "
                         "atomically and resumably (the operator's init container)")
@@ -211,7 +212,8 @@ def _start(args: argparse.Namespace) -> Callable[[], int]:
             config = with_model_limits(config)
         return functools.partial(_info, config)
     if args.command == "selftest":
-        return functools.partial(_selftest, _load_engine(config, own_thread=True).engine, args.tokens)
+        return functools.partial(_selftest, _load_engine(config, own_thread=True), with_model_limits(config),
+                                 args.tokens)
     check_listen_address(config.server.host, config.server.port)
     engine = _load_engine(config, own_thread=False)
     from neuronmodel_runtime.server.app import create_app
@@ -231,30 +233,30 @@ def _fetch(source: str, dest: str, revision: Optional[str]) -> int:
     return 0
 
 
-def _selftest(engine: Any, tokens: int) -> int:
-    """Greedy-generate from two chat prompts through the real engine, synchronously; print JSON."""
-    from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids
-    from neuronmodel_runtime.sampling.params import SamplingParams
+def _selftest(front: Any, config: RuntimeConfig, tokens: int) -> int:
+    """Run the checks of `selftest.py` on the loaded engine; print the table; exit code 1 if any check failed."""
+    from neuronmodel_runtime.runners.registry import create_runner
+    from neuronmodel_runtime.selftest import PROMPTS, run_checks, table
 
-    tok = engine.tokenizer
-    prompts = ["What is the capital of France?", "Write a haiku about the sea."]
-    texts = {str(i): "" for i in range(len(prompts))}
-    for i, prompt in enumerate(prompts):
-        ids = chat_prompt_ids(tok, [{"role": "user", "content": prompt}])
-        engine.add(engine.make_request(str(i), ids, SamplingParams(temperature=0.0, max_tokens=tokens)))
-    started, produced = time.monotonic(), 0
+    engine = front.engine
+    framework = front.info()["framework"]
 
-    def collect(outputs: list) -> None:
-        nonlocal produced
-        for out in outputs:
-            texts[out.request_id] += out.text
-            produced += len(out.token_ids)
+    def rebuild() -> Any:
+        runner = create_runner(framework["selected"]["framework"], config, str(model_path_of(config)))
+        runner.load()
+        return runner
 
-    while engine.has_work:
-        engine.step(collect)
-    elapsed = time.monotonic() - started
-    print(json.dumps({"outputs": texts, "tokens": produced, "tokens_per_s": round(produced / elapsed, 1)}))
-    return 0
+    has_artifacts = "artifacts" in engine.runner.info()
+    prompt_ids = [engine.tokenizer.encode(p) for p in PROMPTS]
+    checks = run_checks(engine, prompt_ids, tokens, engine.speculation is not None, rebuild if has_artifacts else None)
+    versions = {"framework": f"{framework['selected']['framework']} {framework['selected']['version']}",
+                **{name: v for name, v in framework["detected"]["related"].items() if v},
+                "neuron runtime": framework["detected"]["neuron_runtime"] or "not installed",
+                **{f"{fw} written against": "yes" if r["written_against"] else f"no (known: {r['known']})"
+                   for fw, r in framework["releases"].items()},
+                "runner": json.dumps(engine.runner.info())}
+    print(table(checks, versions))
+    return 0 if all(c.result != "FAIL" for c in checks) else 1
 
 
 def _fail(exc: Exception) -> int:

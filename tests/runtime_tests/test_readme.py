@@ -393,8 +393,9 @@ def test_readme_cli_command(command):
     out = subprocess.run([str(SCRIPT), *command.argv[1:]], cwd=ROOT, env=clean_env(), capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    data = json.loads(out.stdout)
     if command.argv[1] == "info":
+        data = json.loads(out.stdout)
         assert data["selected"]["framework"] and data["config"]["max_model_len"] >= 1
     else:
-        assert data["tokens"] > 0 and all(text.strip() for text in data["outputs"].values())
+        lines = out.stdout.splitlines()
+        assert lines[-1] == "selftest passed" and any(line.startswith("pass  greedy") for line in lines), out.stdout
