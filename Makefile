@@ -1,14 +1,23 @@
 # neuronmodel — the two commands that matter are `make run` and `make test` (see README.md).
 SHELL := /bin/bash
-# Python 3.11 or 3.10 (the Neuron Deep Learning Containers ship 3.10).
+# .venv: Python 3.11, else 3.10 (the TNx image's); the code supports 3.12 too, tested in .venv312 (below).
 PYTHON ?= $(shell command -v python3.11 || command -v python3.10 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# .venv312: the runtime's fast suite under Python 3.12, the Python of the NxDI images (SDK 2.27-2.31).
+# The first python3.12 that runs: on PATH (a pyenv shim may exist without working), then pyenv's own builds.
+ifeq ($(origin PYTHON312), undefined)
+PYTHON312 := $(shell for p in python3.12 $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 \
+	/usr/local/bin/python3.12 /usr/bin/python3.12; do "$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' \
+	>/dev/null 2>&1 && { command -v "$$p"; break; }; done)
+endif
+VENV312 := .venv312
+STAMP312 := $(VENV312)/.installed
 # Where heavy, machine-wide artifacts live (converted models, Kubernetes binaries): never in the repo.
 export NEURONMODEL_CACHE ?= $(HOME)/.cache/neuronmodel
 
-.PHONY: run test test-fast lint bench env default-model tiny-models mutation clean
+.PHONY: run test test-fast test-py312 lint bench env env312 default-model tiny-models mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +25,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[runtime,operator,convert,dev]'
 	touch $(STAMP)
 
+$(STAMP312): pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "make: no Python 3.12 found (tried python3.12 on PATH and" \
+	  "\$${PYENV_ROOT:-~/.pyenv}/versions/3.12.*): install one, or run make PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	$(PYTHON312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip install -q --upgrade pip
+	$(VENV312)/bin/python -m pip install -q -e '.[runtime,dev]'
+	touch $(STAMP312)
+
 env: $(STAMP)
+
+env312: $(STAMP312)
 
 ## The embedded default model (SmolLM2-135M-Instruct), converted once into $(NEURONMODEL_CACHE)/models/.
 default-model: $(STAMP)
@@ -26,11 +45,16 @@ default-model: $(STAMP)
 run: default-model
 	$(VENV)/bin/neuronmodel-runtime serve
 
-## Every test: unit, parity, live server, import layering.
-test: default-model k8s-bin
+## Every test: unit, parity, live server, import layering; then the runtime's fast suite under Python 3.12.
+test: default-model k8s-bin $(STAMP312)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
+	$(VENV312)/bin/python -m pytest -q tests/runtime_tests -m "not slow and not smollm2"
 	$(PY) scripts/mutation.py
+
+## The runtime's fast tests under Python 3.12 (.venv312, created on demand).
+test-py312: $(STAMP312)
+	$(VENV312)/bin/python -m pytest -q tests/runtime_tests -m "not slow and not smollm2"
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not smollm2"
@@ -63,7 +87,7 @@ cluster-down: $(STAMP)
 	PYTHONPATH=scripts $(PY) -m k8s.cluster down
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VENV312) .pytest_cache
 
 ## Regenerate the CRD (from operator/neuronmodel_operator/api.py) and the builders' golden manifests.
 .PHONY: generate

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import kopf
 
-from neuronmodel_operator import api, handlers
+from neuronmodel_operator import api, handlers, images
 from neuronmodel_operator.k8s import Kube, connect
 from neuronmodel_operator.reconcile import Reconcile
 from neuronmodel_operator.resolve import OperatorDefaults
@@ -53,8 +53,17 @@ def parser() -> argparse.ArgumentParser:
                    "replica (env NEURONMODEL_OPERATOR_PEERING)")
     p.add_argument("--priority", type=int, default=int(_env("PRIORITY", "0")),
                    help="peering priority; give each replica a different one (env NEURONMODEL_OPERATOR_PRIORITY)")
-    p.add_argument("--runtime-image", default=os.environ.get(api.ENV_RUNTIME_IMAGE, api.DEFAULT_RUNTIME_IMAGE),
-                   help=f"runtime image of specs without spec.image (env {api.ENV_RUNTIME_IMAGE})")
+    p.add_argument("--runtime-image", default=os.environ.get(api.ENV_RUNTIME_IMAGE) or None,
+                   help="one runtime image for every spec without spec.image, instead of the image chosen per "
+                   f"instance family and framework (env {api.ENV_RUNTIME_IMAGE}); unset: "
+                   "<--runtime-image-repository>:<--runtime-image-version>-<target> (images.py)")
+    p.add_argument("--runtime-image-repository",
+                   default=os.environ.get(images.ENV_RUNTIME_IMAGE_REPOSITORY) or images.DEFAULT_REPOSITORY,
+                   help=f"repository of the per-family runtime images (env {images.ENV_RUNTIME_IMAGE_REPOSITORY})")
+    p.add_argument("--runtime-image-version",
+                   default=os.environ.get(images.ENV_RUNTIME_IMAGE_VERSION) or images.package_version(),
+                   help="version in their tags, default this operator's own "
+                   f"(env {images.ENV_RUNTIME_IMAGE_VERSION})")
     p.add_argument("--hpa-metric", default=os.environ.get(api.ENV_HPA_METRIC, api.DEFAULT_HPA_METRIC),
                    help=f"queue metric of HPAs without spec.autoscaling.metric (env {api.ENV_HPA_METRIC})")
     p.add_argument("--workers", type=int, default=int(_env("WORKERS", "8")),
@@ -66,10 +75,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def operator_defaults(args: argparse.Namespace) -> OperatorDefaults:
+    """What fills the specs' unset fields: the runtime image (one for all, or chosen per family) and the HPA metric."""
+    return OperatorDefaults(image=args.runtime_image, hpa_metric=args.hpa_metric,
+                            image_repository=args.runtime_image_repository, image_version=args.runtime_image_version)
+
+
 def memo(args: argparse.Namespace) -> SimpleNamespace:
     """What every handler receives as `memo`: the reconciler and its thread pool."""
     kube = Kube(connect(args.kubeconfig, pool_size=args.workers * 2))
-    defaults = OperatorDefaults(image=args.runtime_image, hpa_metric=args.hpa_metric)
+    defaults = operator_defaults(args)
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
     return SimpleNamespace(reconciler=handlers.Reconciler(Reconcile(kube, defaults), executor))
 

@@ -9,19 +9,35 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from neuronmodel_operator import devices
+from neuronmodel_operator import api, devices, images
 from neuronmodel_operator.api import NeuronModelSpec, SpecError
 
 
 @dataclass(frozen=True)
 class OperatorDefaults:
-    """Operator-wide settings that fill what a spec leaves unset (the chart sets them)."""
+    """Operator-wide settings that fill what a spec leaves unset (the chart sets them).
 
-    image: str  # runtime image
-    hpa_metric: str  # the queue metric the HPA averages
+    The runtime image of a spec without `image` is `image` when set (one image for every model: tests, a local
+    cluster, a mirror of one target), else the images.py target for the model's instance family and framework,
+    tagged `<image_repository>:<image_version>-<target>`.
+    """
+
+    image: Optional[str] = None  # --runtime-image: overrides the per-family choice for every model
+    hpa_metric: str = api.DEFAULT_HPA_METRIC  # the queue metric the HPA averages
+    image_repository: str = images.DEFAULT_REPOSITORY
+    image_version: str = field(default_factory=images.package_version)
+
+    def image_for(self, spec: NeuronModelSpec, family: Optional[str]) -> str:
+        """The runtime image of `spec` on instance `family` (None: a node without Neuron)."""
+        if spec.image or self.image:
+            return spec.image or self.image
+        try:
+            return images.default_image(family, spec.framework, self.image_repository, self.image_version)
+        except LookupError as exc:
+            raise SpecError(f"spec.framework: {exc}; set spec.image, or another framework") from None
 
 
 @dataclass(frozen=True)
@@ -85,12 +101,12 @@ def _instance(spec: NeuronModelSpec, cores_per_pod: int) -> devices.InstanceType
 
 
 def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
-    image = spec.image or defaults.image
     compile_job = spec.compile_cache.url is not None and spec.compile_cache.policy != "Never"
     cores_per_pod = spec.parallelism.tensor_parallel_degree // spec.parallelism.nodes
     if spec.framework == "torch":  # the CPU reference runner: no NeuronCores, even on a Neuron instance
         instance = devices.INSTANCE_TYPES.get(spec.instance_type or "")
         family = instance.family.name if instance else None
+        image = defaults.image_for(spec, family)
         key = compile_key(spec, image, family, None)
         return Resolved(spec.framework, spec.instance_type, family, None, 0, 0, {}, image, key, compile_job, ())
     if spec.parallelism.tensor_parallel_degree % spec.parallelism.nodes:
@@ -116,6 +132,7 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         if warning:
             warnings.append(warning)
     trn2_lnc = lnc if len(family.lnc_choices) > 1 else None
+    image = defaults.image_for(spec, family.name)
     key = compile_key(spec, image, family.name, trn2_lnc)
     return Resolved(spec.framework, instance.name, family.name, trn2_lnc, request.cores, request.devices,
                     request.as_resources(), image, key, compile_job, tuple(warnings))

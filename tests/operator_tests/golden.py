@@ -19,7 +19,9 @@ from neuronmodel_operator import api, builders
 from neuronmodel_operator.resolve import OperatorDefaults
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
-DEFAULTS = OperatorDefaults(image=api.DEFAULT_RUNTIME_IMAGE, hpa_metric=api.DEFAULT_HPA_METRIC)
+#: The operator's defaults: each case's image chosen per instance family and framework (images.py), at a fixed
+#: version so the files do not change with the package's.
+DEFAULTS = OperatorDefaults(hpa_metric=api.DEFAULT_HPA_METRIC, image_version="0.1.0")
 #: Labels a Helm release or Argo CD puts on the NeuronModel; never copied onto children.
 OWNER_LABELS = {"app.kubernetes.io/managed-by": "Helm", "helm.sh/chart": "llm-serving-1.2.0",
                 "app.kubernetes.io/instance": "release-a", "team": "ml-platform"}

@@ -217,7 +217,7 @@ def test_hpa_metric_default_and_override():
     assert metric(default) == {"metric": {"name": "vllm:num_requests_waiting"},
                                "target": {"type": "AverageValue", "averageValue": "8"}}
     operator_wide = builders.target_from_body(golden.CASES["trn2-lnc-autoscale"],
-                                              OperatorDefaults(golden.DEFAULTS.image, "queue_depth"))
+                                              OperatorDefaults(hpa_metric="queue_depth"))
     assert metric(operator_wide)["metric"]["name"] == "queue_depth"
     own = golden.target("trn2-lnc-autoscale", autoscaling={"maxReplicas": 2, "metric": "my_waiting"})
     assert metric(own)["metric"]["name"] == "my_waiting"

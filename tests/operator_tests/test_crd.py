@@ -18,7 +18,7 @@ from neuronmodel_operator import api, crdgen, devices, resolve
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "neuronmodels.neuronmodel.dev.yaml"
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
-DEFAULTS = resolve.OperatorDefaults(image=api.DEFAULT_RUNTIME_IMAGE, hpa_metric=api.DEFAULT_HPA_METRIC)
+DEFAULTS = resolve.OperatorDefaults(hpa_metric=api.DEFAULT_HPA_METRIC)  # images per family (images.py)
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,15 @@ import pytest
 from kopf._cogs.structs import bodies, ephemera, patches, references
 from kopf._core.intents import causes, handlers as kopf_handlers
 
-from neuronmodel_operator import api, cli, handlers
+from neuronmodel_operator import api, cli, handlers, images
+from neuronmodel_operator.api import parse_spec
+from neuronmodel_operator.resolve import resolve
 
 ENV_NAMES = ("NEURONMODEL_OPERATOR_NAMESPACES", "NEURONMODEL_OPERATOR_LIVENESS", "NEURONMODEL_OPERATOR_LOG_FORMAT",
              "NEURONMODEL_OPERATOR_VERBOSE", "NEURONMODEL_OPERATOR_PEERING", "NEURONMODEL_OPERATOR_PRIORITY",
              "NEURONMODEL_OPERATOR_WORKERS", "NEURONMODEL_OPERATOR_WATCH_TIMEOUT_S", "NEURONMODEL_RUNTIME_IMAGE",
-             "NEURONMODEL_HPA_METRIC", "KUBECONFIG")
+             "NEURONMODEL_RUNTIME_IMAGE_REPOSITORY", "NEURONMODEL_RUNTIME_IMAGE_VERSION", "NEURONMODEL_HPA_METRIC",
+             "KUBECONFIG")
 
 
 @pytest.fixture
@@ -43,7 +46,9 @@ def test_defaults_without_env(env):
     assert args.verbose is False
     assert args.peering == ""  # standalone
     assert args.priority == 0
-    assert args.runtime_image == "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0"
+    assert args.runtime_image is None  # chosen per instance family and framework
+    assert args.runtime_image_repository == "ghcr.io/neuronmodel/neuronmodel-runtime"
+    assert args.runtime_image_version == images.package_version() == "0.1.0"
     assert args.hpa_metric == "vllm:num_requests_waiting"
     assert args.workers == 8
     assert args.watch_timeout_s == 300.0
@@ -60,6 +65,8 @@ def test_env_defaults(env):
     env.setenv("NEURONMODEL_OPERATOR_WORKERS", "3")
     env.setenv("NEURONMODEL_OPERATOR_WATCH_TIMEOUT_S", "120")
     env.setenv("NEURONMODEL_RUNTIME_IMAGE", "registry.example/runtime:9")
+    env.setenv("NEURONMODEL_RUNTIME_IMAGE_REPOSITORY", "mirror.example/neuronmodel")
+    env.setenv("NEURONMODEL_RUNTIME_IMAGE_VERSION", "0.2.0")
     env.setenv("NEURONMODEL_HPA_METRIC", "queue_depth")
     env.setenv("KUBECONFIG", "/tmp/kubeconfig")
     args = parse()
@@ -72,6 +79,7 @@ def test_env_defaults(env):
     assert args.workers == 3
     assert args.watch_timeout_s == 120.0
     assert args.runtime_image == "registry.example/runtime:9"
+    assert (args.runtime_image_repository, args.runtime_image_version) == ("mirror.example/neuronmodel", "0.2.0")
     assert args.hpa_metric == "queue_depth"
     assert args.kubeconfig == "/tmp/kubeconfig"
 
@@ -94,8 +102,10 @@ def test_verbose_env_1(env):
 def test_flags(env):
     args = parse("-n", "a", "--namespace", "b", "--liveness", "", "--log-format", "full", "--verbose",
                  "--peering", "p", "--priority", "7", "--runtime-image", "img:2", "--hpa-metric", "m",
-                 "--workers", "2", "--watch-timeout-s", "45", "--kubeconfig", "/k")
+                 "--workers", "2", "--watch-timeout-s", "45", "--kubeconfig", "/k",
+                 "--runtime-image-repository", "r.example/rt", "--runtime-image-version", "1.2.3")
     assert args.namespaces == ["a", "b"]
+    assert (args.runtime_image_repository, args.runtime_image_version) == ("r.example/rt", "1.2.3")
     assert (args.liveness, args.log_format, args.verbose, args.peering, args.priority) == ("", "full", True, "p", 7)
     assert (args.runtime_image, args.hpa_metric, args.workers, args.watch_timeout_s, args.kubeconfig) == \
         ("img:2", "m", 2, 45.0, "/k")
@@ -109,6 +119,35 @@ def test_flags_win_over_env(env):
     assert args.namespaces == ["dev"]  # not prod + dev: a flag replaces the env's list, as every other flag does
     assert (args.workers, args.runtime_image) == (5, "from-flag:2")
     assert parse().namespaces == ["prod"]  # and the env's list is intact for the next parse
+
+
+# --- the runtime image of a spec without spec.image -----------------------------------------------------------
+
+def _image(args, **spec) -> str:
+    body = {"model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "replicas": 1, **spec}
+    return resolve(parse_spec(body), cli.operator_defaults(args)).image
+
+
+@pytest.mark.parametrize("spec, target", [
+    ({"instanceType": "inf2.xlarge"}, "runtime-nxdi-sdk2.28"),
+    ({"instanceType": "trn1.32xlarge", "framework": "nxdi"}, "runtime-nxdi-sdk2.28"),
+    ({"instanceType": "trn2.48xlarge"}, "runtime-nxdi-sdk2.31"),
+    ({"instanceType": "inf2.48xlarge", "framework": "tnx"}, "runtime-tnx-sdk2.25"),
+    ({"framework": "torch"}, "runtime-cpu"),
+])
+def test_image_per_family_and_framework_by_default(env, spec, target):
+    assert _image(parse(), **spec) == f"ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-{target}"
+    env.setenv("NEURONMODEL_RUNTIME_IMAGE_REPOSITORY", "mirror.example/nm")
+    assert _image(parse("--runtime-image-version", "9.9.9"), **spec) == f"mirror.example/nm:9.9.9-{target}"
+
+
+def test_runtime_image_overrides_every_family(env):
+    env.setenv("NEURONMODEL_RUNTIME_IMAGE", "neuronmodel-runtime:dev")  # what the local cluster and tests set
+    for spec in ({"instanceType": "inf2.xlarge"}, {"instanceType": "trn2.48xlarge"}, {"framework": "torch"}):
+        assert _image(parse(), **spec) == "neuronmodel-runtime:dev"
+    assert _image(parse(), framework="torch", image="mine:1") == "mine:1"  # spec.image wins over everything
+    env.setenv("NEURONMODEL_RUNTIME_IMAGE", "")  # set but empty (a chart value left blank): per family
+    assert _image(parse(), framework="torch").endswith(":0.1.0-runtime-cpu")
 
 
 def test_log_format_is_checked(env, capsys):

@@ -272,3 +272,53 @@ def test_compile_job_only_with_a_cache_url_and_policy_not_never(cache, job):
     if cache is not None:
         body["compileCache"] = cache
     assert resolved(body).compile_job is job
+
+
+# --- runtime image -------------------------------------------------------------------------------------------
+
+PER_FAMILY = OperatorDefaults(image_repository="registry.example/nm", image_version="1.0")
+
+
+@pytest.mark.parametrize("body, target", [
+    (spec(instanceType="inf2.xlarge"), "runtime-nxdi-sdk2.28"),  # auto is NxDI where NxDI serves the family
+    (spec(instanceType="inf2.48xlarge", framework="nxdi", parallelism={"tensorParallelDegree": 24}),
+     "runtime-nxdi-sdk2.28"),
+    (spec(instanceType="trn1.32xlarge", parallelism={"tensorParallelDegree": 32}), "runtime-nxdi-sdk2.28"),
+    (spec(instanceType="trn1n.32xlarge", parallelism={"tensorParallelDegree": 32}), "runtime-nxdi-sdk2.28"),
+    (spec(parallelism={"tensorParallelDegree": 2}), "runtime-nxdi-sdk2.28"),  # no instanceType: the smallest
+    (spec(instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 64}), "runtime-nxdi-sdk2.31"),
+    (spec(instanceType="trn2u.48xlarge", framework="nxdi"), "runtime-nxdi-sdk2.31"),
+    (spec(instanceType="trn2.3xlarge"), "runtime-nxdi-sdk2.31"),
+    (spec(parallelism={"tensorParallelDegree": 64}), "runtime-nxdi-sdk2.31"),  # only trn2 holds 64 cores
+    (spec(instanceType="inf2.xlarge", framework="tnx"), "runtime-tnx-sdk2.25"),
+    (spec(instanceType="trn1.2xlarge", framework="tnx"), "runtime-tnx-sdk2.25"),
+    (spec(framework="torch"), "runtime-cpu"),
+    (spec(framework="torch", instanceType="inf2.xlarge"), "runtime-cpu"),  # the reference runner, on any node
+])
+def test_image_chosen_per_family_and_framework(body, target):
+    assert resolved(body, PER_FAMILY).image == f"registry.example/nm:1.0-{target}"
+    assert resolved(body, PER_FAMILY).as_status()["image"] == f"registry.example/nm:1.0-{target}"
+
+
+def test_spec_image_then_the_operator_image_override_the_table():
+    body = spec(instanceType="trn2.48xlarge")
+    assert resolved(body, PER_FAMILY).image.endswith("-runtime-nxdi-sdk2.31")
+    override = OperatorDefaults(image="neuronmodel-runtime:dev", image_repository="registry.example/nm")
+    assert resolved(body, override).image == "neuronmodel-runtime:dev"
+    assert resolved(spec(framework="torch"), override).image == "neuronmodel-runtime:dev"
+    own = spec(instanceType="trn2.48xlarge", image="mine.example/rt:7")
+    assert resolved(own, override).image == resolved(own, PER_FAMILY).image == "mine.example/rt:7"
+
+
+def test_default_version_is_the_package_version():
+    assert OperatorDefaults().image_version == "0.1.0"
+    assert resolved(spec(framework="torch"), OperatorDefaults()).image == \
+        "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-runtime-cpu"
+
+
+def test_compile_key_changes_with_the_image_chosen():
+    # Another target is another SDK and compiler: other graphs. Another tag version: maybe another runner too.
+    assert key(BASE, PER_FAMILY) != key(changed(BASE, "framework", "tnx"), PER_FAMILY)
+    newer = OperatorDefaults(image_repository="registry.example/nm", image_version="1.1")
+    assert key(BASE, PER_FAMILY) != key(BASE, newer)
+    assert key(BASE, PER_FAMILY) == key(copy.deepcopy(BASE), PER_FAMILY)
