@@ -44,7 +44,6 @@ ANNOTATION_SERVED_SPEC = f"{GROUP}/served-spec"  # on the Deployment: the spec i
 # Environment of the operator process (the chart sets them).
 ENV_RUNTIME_IMAGE = "NEURONMODEL_RUNTIME_IMAGE"  # default spec.image
 ENV_HPA_METRIC = "NEURONMODEL_HPA_METRIC"  # default spec.autoscaling.metric
-DEFAULT_RUNTIME_IMAGE = "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0"
 DEFAULT_HPA_METRIC = "vllm:num_requests_waiting"  # as prometheus-adapter exposes vLLM's metric
 
 SERVER_PORT_NAME = "http"
