@@ -9,11 +9,15 @@
 #
 # Every target: our wheel (built once, below), a non-root user with the fixed UID 1000 (the operator's pods run as
 # runAsUser 1000), HOME and NEURONMODEL_CACHE writable by it, ENTRYPOINT neuronmodel-runtime, CMD serve, port 8000.
+# The steps are written once, in docker/install-runtime.sh (the user, HOME and the cache, the wheel installed under
+# the base's own versions and the check that none of them changed); each target copies it with the wheel and runs it.
+# What a stage cannot inherit from a sibling of another base (LABEL, ENV, USER, ..., CMD) stands in each, one line
+# an instruction: the labels every target shares on one line, then its own.
 
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 
-# --- the wheel: pure Python (py3-none-any), the same file in every target ---------------------------------------
+# --- the wheel: pure Python (py3-none-any), the same file in every target, and the script that installs it -------
 FROM python:3.11-slim-bookworm AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -21,56 +25,28 @@ COPY operator/ operator/
 COPY runtime/ runtime/
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && test -f /wheels/neuronmodel-*-py3-none-any.whl
+COPY docker/install-runtime.sh /wheels/
 
 # --- The Neuron targets ------------------------------------------------------------------------------------------
-# They differ only in FROM and labels. How the wheel goes in, without replacing the base's torch, torch-neuronx,
-# neuronx-cc, neuronx-distributed(-inference), transformers-neuronx or transformers:
-#   pip installs `neuronmodel[runtime]` under a constraints file written from the base's own `pip list`: every
-#   distribution already in the image is pinned to exactly the version it has, so pip adds only what the base lacks
-#   (fastapi, uvicorn, sse-starlette, prometheus-client, ...), and a requirement of ours that the base cannot meet
-#   fails this build naming the package, instead of upgrading a Neuron package under the compiler's feet. The build
-#   then checks that no distribution of the base changed or went away.
-#   Not `--no-deps` plus a hand-kept list of what the base lacks: that list rots with every DLC, skips transitive
-#   dependencies, and installs even when the base's versions break our bounds (it would fail at run time instead).
-# The DLCs already have a user with UID 1000 (ubuntu on 24.04, model-server on 22.04): it is reused, not renamed.
-# TEMP: the DLCs point it at /home/model-server/tmp, which UID 1000 may not write. HEALTHCHECK NONE: theirs asks
-# torchserve on :8080; Kubernetes probes /health and /ready itself (the server's port is configurable).
+# They differ only in FROM and labels. install-runtime.sh puts the wheel in without replacing the base's torch,
+# torch-neuronx, neuronx-cc, neuronx-distributed(-inference), transformers-neuronx or transformers (why, and how, are
+# in its comments), and reuses the DLCs' user with UID 1000 (ubuntu on 24.04, model-server on 22.04).
+# USER 0: the script runs as root whatever user the base leaves. TEMP: the DLCs point it at
+# /home/model-server/tmp, which UID 1000 may not write. HEALTHCHECK NONE: theirs asks torchserve on :8080;
+# Kubernetes probes /health and /ready itself (the server's port is configurable).
 
 FROM public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.28.0-ubuntu24.04 AS runtime-nxdi-sdk2.28
 ARG VERSION
 ARG REVISION
-LABEL org.opencontainers.image.title="neuronmodel-runtime" \
-      org.opencontainers.image.description="neuronmodel runtime: NxDI 0.8.16251, Neuron SDK 2.28.0, inf2 and trn1" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.vendor="neuronmodel" \
+LABEL org.opencontainers.image.title="neuronmodel-runtime" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
+LABEL org.opencontainers.image.description="neuronmodel runtime: NxDI 0.8.16251, Neuron SDK 2.28.0, inf2 and trn1" \
       org.opencontainers.image.base.name="public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.28.0-ubuntu24.04" \
       dev.neuronmodel.target="runtime-nxdi-sdk2.28" \
       dev.neuronmodel.framework="nxdi"
 USER 0
-ENV HOME=/home/neuronmodel \
-    NEURONMODEL_CACHE=/var/cache/neuronmodel \
-    NEURONMODEL_HOST=0.0.0.0 \
-    TMPDIR=/tmp \
-    TEMP=/tmp \
-    PYTHONUNBUFFERED=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN if ! getent group 1000 > /dev/null; then groupadd --gid 1000 neuronmodel; fi \
- && if ! getent passwd 1000 > /dev/null; then \
-      useradd --uid 1000 --gid 1000 --home-dir /home/neuronmodel --no-create-home --shell /bin/bash neuronmodel; fi \
- && mkdir -p /home/neuronmodel /var/cache/neuronmodel \
- && chown 1000:1000 /home/neuronmodel /var/cache/neuronmodel
+ENV HOME=/home/neuronmodel NEURONMODEL_CACHE=/var/cache/neuronmodel NEURONMODEL_HOST=0.0.0.0 TMPDIR=/tmp TEMP=/tmp PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=wheel /wheels/ /tmp/wheels/
-RUN set -- /tmp/wheels/neuronmodel-*.whl \
- && python -m pip list --format=freeze > /tmp/base.txt \
- && python -m pip install --no-cache-dir --constraint /tmp/base.txt "$1[runtime]" \
- && python -m pip list --format=freeze > /tmp/after.txt \
- && sort -o /tmp/base.txt /tmp/base.txt && sort -o /tmp/after.txt /tmp/after.txt \
- && comm -23 /tmp/base.txt /tmp/after.txt > /tmp/changed.txt \
- && if [ -s /tmp/changed.txt ]; then echo "the install changed the base's:" && cat /tmp/changed.txt && exit 1; fi \
- && rm -rf /tmp/wheels /tmp/base.txt /tmp/after.txt /tmp/changed.txt \
- && neuronmodel-runtime --help > /dev/null
+RUN sh /tmp/wheels/install-runtime.sh
 USER 1000:1000
 WORKDIR /home/neuronmodel
 EXPOSE 8000
@@ -81,38 +57,15 @@ CMD ["serve"]
 FROM public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04 AS runtime-nxdi-sdk2.31
 ARG VERSION
 ARG REVISION
-LABEL org.opencontainers.image.title="neuronmodel-runtime" \
-      org.opencontainers.image.description="neuronmodel runtime: NxDI 0.10.18399, Neuron SDK 2.31.1, trn2" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.vendor="neuronmodel" \
+LABEL org.opencontainers.image.title="neuronmodel-runtime" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
+LABEL org.opencontainers.image.description="neuronmodel runtime: NxDI 0.10.18399, Neuron SDK 2.31.1, trn2" \
       org.opencontainers.image.base.name="public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04" \
       dev.neuronmodel.target="runtime-nxdi-sdk2.31" \
       dev.neuronmodel.framework="nxdi"
 USER 0
-ENV HOME=/home/neuronmodel \
-    NEURONMODEL_CACHE=/var/cache/neuronmodel \
-    NEURONMODEL_HOST=0.0.0.0 \
-    TMPDIR=/tmp \
-    TEMP=/tmp \
-    PYTHONUNBUFFERED=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN if ! getent group 1000 > /dev/null; then groupadd --gid 1000 neuronmodel; fi \
- && if ! getent passwd 1000 > /dev/null; then \
-      useradd --uid 1000 --gid 1000 --home-dir /home/neuronmodel --no-create-home --shell /bin/bash neuronmodel; fi \
- && mkdir -p /home/neuronmodel /var/cache/neuronmodel \
- && chown 1000:1000 /home/neuronmodel /var/cache/neuronmodel
+ENV HOME=/home/neuronmodel NEURONMODEL_CACHE=/var/cache/neuronmodel NEURONMODEL_HOST=0.0.0.0 TMPDIR=/tmp TEMP=/tmp PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=wheel /wheels/ /tmp/wheels/
-RUN set -- /tmp/wheels/neuronmodel-*.whl \
- && python -m pip list --format=freeze > /tmp/base.txt \
- && python -m pip install --no-cache-dir --constraint /tmp/base.txt "$1[runtime]" \
- && python -m pip list --format=freeze > /tmp/after.txt \
- && sort -o /tmp/base.txt /tmp/base.txt && sort -o /tmp/after.txt /tmp/after.txt \
- && comm -23 /tmp/base.txt /tmp/after.txt > /tmp/changed.txt \
- && if [ -s /tmp/changed.txt ]; then echo "the install changed the base's:" && cat /tmp/changed.txt && exit 1; fi \
- && rm -rf /tmp/wheels /tmp/base.txt /tmp/after.txt /tmp/changed.txt \
- && neuronmodel-runtime --help > /dev/null
+RUN sh /tmp/wheels/install-runtime.sh
 USER 1000:1000
 WORKDIR /home/neuronmodel
 EXPOSE 8000
@@ -123,38 +76,15 @@ CMD ["serve"]
 FROM public.ecr.aws/neuron/pytorch-inference-neuronx:2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04 AS runtime-tnx-sdk2.25
 ARG VERSION
 ARG REVISION
-LABEL org.opencontainers.image.title="neuronmodel-runtime" \
-      org.opencontainers.image.description="neuronmodel runtime: transformers-neuronx 0.13.1216, Neuron SDK 2.25.0, inf2 and trn1" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.vendor="neuronmodel" \
+LABEL org.opencontainers.image.title="neuronmodel-runtime" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
+LABEL org.opencontainers.image.description="neuronmodel runtime: transformers-neuronx 0.13.1216, Neuron SDK 2.25.0, inf2 and trn1" \
       org.opencontainers.image.base.name="public.ecr.aws/neuron/pytorch-inference-neuronx:2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04" \
       dev.neuronmodel.target="runtime-tnx-sdk2.25" \
       dev.neuronmodel.framework="tnx"
 USER 0
-ENV HOME=/home/neuronmodel \
-    NEURONMODEL_CACHE=/var/cache/neuronmodel \
-    NEURONMODEL_HOST=0.0.0.0 \
-    TMPDIR=/tmp \
-    TEMP=/tmp \
-    PYTHONUNBUFFERED=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN if ! getent group 1000 > /dev/null; then groupadd --gid 1000 neuronmodel; fi \
- && if ! getent passwd 1000 > /dev/null; then \
-      useradd --uid 1000 --gid 1000 --home-dir /home/neuronmodel --no-create-home --shell /bin/bash neuronmodel; fi \
- && mkdir -p /home/neuronmodel /var/cache/neuronmodel \
- && chown 1000:1000 /home/neuronmodel /var/cache/neuronmodel
+ENV HOME=/home/neuronmodel NEURONMODEL_CACHE=/var/cache/neuronmodel NEURONMODEL_HOST=0.0.0.0 TMPDIR=/tmp TEMP=/tmp PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=wheel /wheels/ /tmp/wheels/
-RUN set -- /tmp/wheels/neuronmodel-*.whl \
- && python -m pip list --format=freeze > /tmp/base.txt \
- && python -m pip install --no-cache-dir --constraint /tmp/base.txt "$1[runtime]" \
- && python -m pip list --format=freeze > /tmp/after.txt \
- && sort -o /tmp/base.txt /tmp/base.txt && sort -o /tmp/after.txt /tmp/after.txt \
- && comm -23 /tmp/base.txt /tmp/after.txt > /tmp/changed.txt \
- && if [ -s /tmp/changed.txt ]; then echo "the install changed the base's:" && cat /tmp/changed.txt && exit 1; fi \
- && rm -rf /tmp/wheels /tmp/base.txt /tmp/after.txt /tmp/changed.txt \
- && neuronmodel-runtime --help > /dev/null
+RUN sh /tmp/wheels/install-runtime.sh
 USER 1000:1000
 WORKDIR /home/neuronmodel
 EXPOSE 8000
@@ -164,39 +94,22 @@ CMD ["serve"]
 
 # --- The PyTorch reference runner (framework torch) on CPU: torch from PyPI on the official Python image ----------
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu gives a CPU-only torch, a fraction of PyPI's (CUDA) wheel.
-# The wheel then goes in as on the Neuron bases: the torch just installed stays exactly as it is.
+# torch goes in first, pinned, in a layer of its own; then the same script as on the Neuron bases: the wheel under
+# the versions now installed (the torch just installed stays exactly as it is), and a new user neuronmodel (UID 1000).
 FROM python:3.11-slim-bookworm AS runtime-cpu
 ARG VERSION
 ARG REVISION
 ARG TORCH_VERSION=2.15.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
-LABEL org.opencontainers.image.title="neuronmodel-runtime" \
-      org.opencontainers.image.description="neuronmodel runtime: the PyTorch reference runner on CPU" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.vendor="neuronmodel" \
+LABEL org.opencontainers.image.title="neuronmodel-runtime" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
+LABEL org.opencontainers.image.description="neuronmodel runtime: the PyTorch reference runner on CPU" \
       org.opencontainers.image.base.name="python:3.11-slim-bookworm" \
       dev.neuronmodel.target="runtime-cpu" \
       dev.neuronmodel.framework="torch"
-ENV HOME=/home/neuronmodel \
-    NEURONMODEL_CACHE=/var/cache/neuronmodel \
-    NEURONMODEL_HOST=0.0.0.0 \
-    TMPDIR=/tmp \
-    TEMP=/tmp \
-    PYTHONUNBUFFERED=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN groupadd --gid 1000 neuronmodel \
- && useradd --uid 1000 --gid 1000 --home-dir /home/neuronmodel --no-create-home --shell /bin/bash neuronmodel \
- && mkdir -p /home/neuronmodel /var/cache/neuronmodel \
- && chown 1000:1000 /home/neuronmodel /var/cache/neuronmodel
+ENV HOME=/home/neuronmodel NEURONMODEL_CACHE=/var/cache/neuronmodel NEURONMODEL_HOST=0.0.0.0 TMPDIR=/tmp TEMP=/tmp PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 COPY --from=wheel /wheels/ /tmp/wheels/
-RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && set -- /tmp/wheels/neuronmodel-*.whl \
- && python -m pip list --format=freeze > /tmp/base.txt \
- && python -m pip install --no-cache-dir --constraint /tmp/base.txt "$1[runtime]" \
- && rm -rf /tmp/wheels /tmp/base.txt \
- && neuronmodel-runtime --help > /dev/null
+RUN sh /tmp/wheels/install-runtime.sh
 USER 1000:1000
 WORKDIR /home/neuronmodel
 EXPOSE 8000

