@@ -229,3 +229,19 @@ async def test_tokenization_runs_off_the_event_loop():
     finally:
         ChatByteTokenizer.encode = original
         release.set()
+
+
+def test_a_greedy_only_runner_refuses_sampled_requests_naming_temperature():
+    """NxDI's fused speculation verifies by argmax: such a runner declares sampled=False."""
+    from neuronmodel_runtime.sampling.params import SamplingCapabilities, SamplingParams, SamplingParamsError
+
+    caps = SamplingCapabilities("nxdi", max_top_k=64, top_p_rule="drop", sampled=False,
+                                fixes={"sampled": "serve without speculation for sampled requests"})
+    for greedy in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=1),
+                   SamplingParams(temperature=0.8, top_p=1e-6), SamplingParams(temperature=1e-6)):
+        assert greedy.validate(caps, max_model_len=64).greedy
+    with pytest.raises(SamplingParamsError) as refused:
+        SamplingParams(temperature=0.8).validate(caps, max_model_len=64)
+    assert refused.value.param == "temperature"
+    assert str(refused.value) == ("temperature: the nxdi runner decodes greedily only; "
+                                  "serve without speculation for sampled requests")

@@ -104,6 +104,12 @@ def test_greedy_generation_equals_transformers(build, reference):
     assert run(engine, [prompt], [greedy()]) == [hf_greedy(reference, prompt)]
 
 
+def test_a_one_token_prompt_is_answered_from_its_token(build, reference):
+    engine = build().engine
+    prompt = encode(reference, "The")[:1]
+    assert run(engine, [prompt], [greedy()]) == [hf_greedy(reference, prompt)]
+
+
 def test_batched_rows_each_equal_their_own_greedy_generation(build, reference):
     """Four prompts of different lengths in one batch, in slots taken and freed out of order."""
     engine = build().engine
@@ -111,6 +117,26 @@ def test_batched_rows_each_equal_their_own_greedy_generation(build, reference):
     run(engine, [prompts[1]], [greedy(3)])  # slot 0 is used and released first
     got = run(engine, prompts, [greedy(STEPS - i) for i in range(4)])
     assert got == [hf_greedy(reference, p, STEPS - i) for i, p in enumerate(prompts)]
+
+
+def test_decoding_some_slots_leaves_the_other_slots_sequences_intact(build, reference):
+    """The runner contract: a decode names the slots it advances; a sequence resting in another slot (the engine
+    splits a step's rows when only some speculate) must come out as if it had never paused."""
+    from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch
+    from neuronmodel_runtime.sampling.params import GREEDY
+
+    runner = build().engine.runner
+    short, long = encode(reference, PROMPTS[3])[:3], encode(reference, PROMPTS[2])
+    first = runner.prefill(PrefillBatch([0, 2], [short, long], [GREEDY, GREEDY])).token_ids
+    last, position = first[0][0], len(short)
+    for _ in range(len(long)):  # slot 0 alone, through positions the resting slot 2 holds
+        last = runner.decode(DecodeBatch([0], [last], [position], [GREEDY])).token_ids[0][0]
+        position += 1
+    resumed, position = [first[1][0]], len(long)
+    for _ in range(5):
+        resumed.append(runner.decode(DecodeBatch([2], [resumed[-1]], [position], [GREEDY])).token_ids[0][0])
+        position += 1
+    assert resumed == hf_greedy(reference, long, 6)
 
 
 def test_per_request_sampling_is_honoured_row_by_row(build, reference):
@@ -158,6 +184,21 @@ async def serving(engine: Any) -> AsyncIterator[Callable[[dict], Awaitable[httpx
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
             yield lambda body: client.post("/v1/completions", json={"model": "target", **body})
+
+
+async def test_a_speculating_runner_serves_sampled_requests_only_if_it_samples_them(build):
+    """NxDI's fused speculation verifies by argmax: its runner refuses sampled requests (400 naming temperature)
+    instead of answering them greedily; the reference runner verifies by rejection sampling and serves them."""
+    engine = build(speculation={"mode": "draft", "draft_model": str(DRAFT), "num_speculative_tokens": 3})
+    async with serving(engine) as post:
+        sampled = await post({"prompt": "Hello", "max_tokens": 4, "temperature": 0.8})
+        greedy_reply = await post({"prompt": "Hello", "max_tokens": 4, "temperature": 0})
+    assert greedy_reply.status_code == 200, greedy_reply.text
+    if engine.engine.capabilities.sampling.sampled:
+        assert sampled.status_code == 200, sampled.text
+    else:
+        assert sampled.status_code == 400 and sampled.json()["error"]["param"] == "temperature"
+    assert engine.engine.capabilities.sampling.sampled == (build.runner == "torch")
 
 
 async def test_a_prompt_longer_than_the_compiled_context_is_a_400_before_the_runner(build):

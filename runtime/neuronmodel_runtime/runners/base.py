@@ -48,7 +48,8 @@ class RunnerCapabilities:
         """For /v1/info."""
         s = self.sampling
         return {
-            "max_top_k": s.max_top_k, "top_p_rule": s.top_p_rule, "seeds": s.seeds, "logprobs": s.logprobs,
+            "max_top_k": s.max_top_k, "top_p_rule": s.top_p_rule, "sampled": s.sampled, "seeds": s.seeds,
+            "logprobs": s.logprobs,
             "penalties": s.penalties, "logit_bias": s.logit_bias, "stop_token_masking": s.stop_token_masking,
             "host_drafts": self.host_drafts, "fused_speculation": list(self.fused_speculation),
             "per_row_speculation_length": self.per_row_speculation_length,

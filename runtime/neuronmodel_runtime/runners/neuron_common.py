@@ -79,18 +79,21 @@ def restore(values: Sequence[Any], order: Sequence[int]) -> list[Any]:
 
 
 def sampling_capabilities(framework: str, on_device: bool, global_top_k: int,
-                          top_p_rule: Literal["keep", "drop"]) -> SamplingCapabilities:
+                          top_p_rule: Literal["keep", "drop"], sampled: bool = True) -> SamplingCapabilities:
     """On the device a Neuron runner honours top_k / top_p / temperature only (Neuron's sampler: no generators to
-    seed, token ids out, its own top-p boundary rule `top_p_rule`); sampling on the host from its logits, it honours
-    everything the reference runner does."""
+    seed, token ids out, its own top-p boundary rule `top_p_rule`), or greedy decoding only (`sampled` False: fused
+    speculation that verifies by argmax); sampling on the host from its logits, it honours everything the reference
+    runner does."""
     if not on_device:
         return SamplingCapabilities(framework, max_top_k=global_top_k, top_p_rule="keep", seeds=True, logprobs=True,
                                     penalties=True, logit_bias=True, stop_token_masking=True)
     fix = "start it with sampling.on_device=false (the host samples, from the logits the device returns)"
+    if not sampled:
+        fix = "send temperature 0, or serve sampled requests from a model without speculation"
     return SamplingCapabilities(
-        framework, max_top_k=global_top_k, top_p_rule=top_p_rule, seeds=False, logprobs=False, penalties=False,
-        logit_bias=False, stop_token_masking=False,
-        fixes={"logprobs": fix, "seeds": fix, "penalties": fix, "logit_bias": fix, "min_tokens": fix},
+        framework, max_top_k=global_top_k, top_p_rule=top_p_rule, sampled=sampled, seeds=False, logprobs=False,
+        penalties=False, logit_bias=False, stop_token_masking=False,
+        fixes={name: fix for name in ("sampled", "logprobs", "seeds", "penalties", "logit_bias", "min_tokens")},
     )
 
 

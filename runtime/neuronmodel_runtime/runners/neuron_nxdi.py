@@ -13,15 +13,24 @@ How NxDI is driven (as vLLM's NxDI integration, PR #16357 and the fix #18279, an
 - compile once into an artifacts folder (`neuron_common.artifacts_dir`), then `cls(folder).load(folder)`: the loaded
   `neuron_config.json` is what serves, so the capacity is read back from it.
 - `forward` by keyword, int32 ids. Prefill is one row per call (ctx_batch_size 1; `models/model_base.py` runs
-  context encoding iff `position_ids.min() == 0`). Decode sends the rows sorted by slot, because token generation
-  writes batch row i into KV line i (`modules/kvcache/kv_cache_manager.py`), and restores their order after.
-- the `[B, 3]` sampling tensor (top_k, top_p, temperature) is built per scheduled row, in the order sent; greedy is
-  (1, 1.0, 1.0) on every release, since up to 0.5 NxDI rejects top_k 0 and temperature 0 and from 0.6 (e07f056)
-  top_k <= 0 means uniform random; a fresh tensor per call, because from 0.6 `infer_sampling_params` rewrites it.
+  context encoding iff `position_ids.min() == 0`). NxDI pads a prompt to its bucket with position 1 and reads the
+  row's last token at the highest position, so a one-token prompt would be answered from a pad: it is sent padded to
+  max_context_length with position 0 (the inferred attention mask drops those pads).
+- decode sends every slot, in slot order: token generation writes batch row i into KV line i
+  (`modules/kvcache/kv_cache_manager.py`), and a smaller batch is padded by repeating row 0 into the missing lines
+  (`models/model_wrapper.py`), which overwrites another sequence's K/V at row 0's position. A slot without a row
+  this step gets a filler row at its next free position (>= 1, so the call stays token generation), where its own
+  next step writes anyway.
+- the `[B, 3]` sampling tensor (top_k, top_p, temperature) is built per row sent, in that order; greedy is
+  (1, 1.0, 1.0) on every release: up to 0.5 NxDI rejects top_k 0 and temperature 0, from 0.6 (e07f056) top_k <= 0
+  means uniform random and one temperature-0 row turns top-p off for the whole batch. A new tensor every call:
+  from 0.6 `infer_sampling_params` rewrites it in place.
 - fused speculation (a draft model, or EAGLE / EAGLE3): NxDI compiled for `speculation_length` s runs the draft s
-  times and the target over s positions, so one step emits 1..s tokens: our k drafts are s = k + 1. Its output
+  times and the target over s positions, so one step emits 1..s tokens: our k drafts are s = k + 1. The target
+  verifies by argmax (and compiling with do_sample fails), so such a runner decodes greedily only and says so.
   `fused_outputs` is [accepted (B, s) padded, next_input_ids, next_attention_mask, next_pos_ids (B, 1)]; a row's
-  count is next_pos_ids - position (the padding is 0 before 0.8 and -1 from 0.8, cd3abf3: never read it).
+  count is next_pos_ids - position (the padding is 0 before 0.8 and -1 from 0.8, cd3abf3: never read it, nor
+  next_input_ids, which before 0.8 is wrong when an accepted token is 0).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -50,12 +59,10 @@ from neuronmodel_runtime.runners.neuron_common import (
     artifacts_dir,
     import_library,
     release_warning,
-    restore,
     sampling_capabilities,
-    slot_order,
 )
 from neuronmodel_runtime.runners.slot_sampler import SlotSampler
-from neuronmodel_runtime.sampling.params import RowSampling
+from neuronmodel_runtime.sampling.params import GREEDY, RowSampling
 from neuronmodel_runtime.sampling.tensors import sampling_tensor
 
 log = logging.getLogger(__name__)
@@ -114,9 +121,12 @@ def neuron_config_kwargs(config: RuntimeConfig, eagle3: bool = False) -> dict[st
         "enable_bucketing": True,  # NxDI buckets powers of two up to max_context_length / seq_len
     }
     if config.sampling.on_device:
-        # dynamic: per-row params from the [B, 3] tensor; without it NxDI takes the argmax and ignores them.
+        # dynamic: per-row params from the [B, 3] tensor; without it NxDI takes the argmax and ignores them. Fused
+        # speculation verifies by argmax and refuses do_sample at compile: greedy there.
+        sampled = not s
         kwargs["on_device_sampling_config"] = {
-            "dynamic": True, "do_sample": True, "deterministic": False, "global_topk": config.sampling.global_top_k,
+            "dynamic": sampled, "do_sample": sampled, "deterministic": False,
+            "global_topk": config.sampling.global_top_k,
         }
     if s:
         kwargs.update(speculation_length=s, enable_fused_speculation=True)
@@ -168,6 +178,31 @@ def device_sampling_tensor(rows: Sequence[RowSampling], global_top_k: int) -> to
     return params
 
 
+def prompt_inputs(prompt: Sequence[int], max_context_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`input_ids`, `position_ids` `[1, T]` int32 of one prompt. A one-token prompt is right-padded to
+    max_context_length (the largest bucket) with token 0 at position 0: NxDI's own padding would put its pads at
+    position 1, above the prompt's only token, and answer from a pad."""
+    length = len(prompt) if len(prompt) > 1 else max_context_length
+    ids = torch.zeros((1, length), dtype=torch.int32)
+    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.int32)
+    positions = torch.zeros((1, length), dtype=torch.int32)
+    positions[0, : len(prompt)] = torch.arange(len(prompt), dtype=torch.int32)
+    return ids, positions
+
+
+def full_batch(batch: DecodeBatch, slots: int, filler_position: Callable[[int], int]) -> DecodeBatch:
+    """The batch with one row per slot 0..slots-1, in slot order; a slot without a row gets a greedy filler row
+    (token 0 at `filler_position(slot)`)."""
+    row_of = {slot: i for i, slot in enumerate(batch.slots)}
+    full = DecodeBatch(slots=list(range(slots)), last_tokens=[], positions=[], sampling=[])
+    for slot in full.slots:
+        i = row_of.get(slot)
+        full.last_tokens.append(0 if i is None else batch.last_tokens[i])
+        full.positions.append(filler_position(slot) if i is None else batch.positions[i])
+        full.sampling.append(GREEDY if i is None else batch.sampling[i])
+    return full
+
+
 def fused_step_tokens(accepted: torch.Tensor, next_positions: torch.Tensor, positions: Sequence[int],
                       wanted: Sequence[int]) -> list[list[int]]:
     """Per row, the tokens of one fused step: the first next_pos - pos of `accepted` (1..s), at most wanted[i]."""
@@ -194,6 +229,7 @@ class NxdiRunner(ModelRunner):
         self.artifacts: Optional[Path] = None
         self.compiled_now = False  # this start compiled (True) or loaded compiled artifacts (False)
         self._capacity: Optional[RunnerCapacity] = None
+        self._next_position: dict[int, int] = {}  # slot -> position its next token will be written at
 
     # --- load ---------------------------------------------------------------------------------------------------
 
@@ -296,8 +332,9 @@ class NxdiRunner(ModelRunner):
     def capabilities(self) -> RunnerCapabilities:
         on_device = self.config.sampling.on_device
         return RunnerCapabilities(
-            # NxDI's sampler drops the candidate whose cumulative mass crosses top_p (modules/generation/sampling.py)
-            sampling=sampling_capabilities(self.framework, on_device, self.global_top_k, top_p_rule="drop"),
+            # NxDI's sampler drops the candidate whose cumulative mass crosses top_p (modules/generation/sampling.py).
+            sampling=sampling_capabilities(self.framework, on_device, self.global_top_k, top_p_rule="drop",
+                                           sampled=not self.k),
             host_drafts=False,
             fused_speculation=(self.config.speculation.mode,) if self.k else (),
             per_row_speculation_length=False,  # compiled for one speculation_length
@@ -313,47 +350,55 @@ class NxdiRunner(ModelRunner):
         for slot, prompt, row in zip(batch.slots, batch.prompt_ids, batch.sampling):
             if not 1 <= len(prompt) <= limit:
                 raise ValueError(f"prompt of {len(prompt)} tokens must be in [1, {limit}] (max_context_length)")
-            out = self.model(
-                input_ids=torch.tensor([prompt], dtype=torch.int32),
-                seq_ids=torch.tensor([slot], dtype=torch.int32),
-                position_ids=torch.arange(len(prompt), dtype=torch.int32).unsqueeze(0),
-                sampling_params=device_sampling_tensor([row], self.global_top_k),
-            )
+            ids, positions = prompt_inputs(prompt, limit)
+            out = self.model(input_ids=ids, seq_ids=torch.tensor([slot], dtype=torch.int32), position_ids=positions,
+                             sampling_params=device_sampling_tensor([row], self.global_top_k))
             if self.k:  # fused: the first token leads fused_outputs[0]
                 tokens.append([int(out.fused_outputs[0].reshape(1, -1)[0, 0])])
             elif self.config.sampling.on_device:
                 tokens.append([int(out.tokens.reshape(-1)[0])])
             else:
                 logits.append(out.logits.reshape(1, -1, out.logits.shape[-1])[:, -1, :].float())
+            self._next_position[slot] = len(prompt)
         if logits:
             return self.sampler.sample(torch.cat(logits), batch.slots, batch.sampling, batch.num_logprobs)
         return StepOutput(token_ids=tokens)
 
     @torch.inference_mode()
     def decode(self, batch: DecodeBatch) -> StepOutput:
-        """All rows in one token-generation call, in slot order; with fused speculation each row gets up to
-        num_spec_tokens[i] + 1 tokens (the first, and only, for rows that do not speculate this step)."""
-        order = slot_order(batch.slots)
+        """Every slot in one token-generation call, in slot order (rows without a sequence this step are fillers);
+        with fused speculation a row gets up to num_spec_tokens[i] + 1 tokens (only the first if it does not
+        speculate this step)."""
+        full = full_batch(batch, self.capacity().max_num_seqs, self._filler_position)
         out = self.model(
-            input_ids=torch.tensor([[batch.last_tokens[i]] for i in order], dtype=torch.int32),
-            seq_ids=torch.tensor([batch.slots[i] for i in order], dtype=torch.int32),
-            position_ids=torch.tensor([[batch.positions[i]] for i in order], dtype=torch.int32),
-            sampling_params=device_sampling_tensor([batch.sampling[i] for i in order], self.global_top_k),
+            input_ids=torch.tensor([[t] for t in full.last_tokens], dtype=torch.int32),
+            seq_ids=torch.arange(len(full.slots), dtype=torch.int32),
+            position_ids=torch.tensor([[p] for p in full.positions], dtype=torch.int32),
+            sampling_params=device_sampling_tensor(full.sampling, self.global_top_k),
         )
+        rows = batch.slots  # row i of the batch is row batch.slots[i] of the full batch
         if self.k:
-            wanted = [1 + (batch.num_spec_tokens[i] if batch.num_spec_tokens else 0) for i in order]
+            wanted = [1 + (batch.num_spec_tokens[i] if batch.num_spec_tokens else 0) for i in range(len(rows))]
             fused = out.fused_outputs
-            rows = fused_step_tokens(fused[0], fused[-1], [batch.positions[i] for i in order], wanted)
-            return StepOutput(token_ids=restore(rows, order), num_draft_tokens=list(batch.num_spec_tokens) or None)
-        if self.config.sampling.on_device:
-            return StepOutput(token_ids=restore([[t] for t in out.tokens.reshape(-1).tolist()], order))
-        logits = out.logits.reshape(len(order), -1, out.logits.shape[-1])[:, -1, :].float()  # [B, V], slot order
-        by_row = torch.empty_like(logits)
-        by_row[torch.tensor(order)] = logits
-        return self.sampler.sample(by_row, batch.slots, batch.sampling, batch.num_logprobs)
+            tokens = fused_step_tokens(fused[0][rows], fused[-1][rows], batch.positions, wanted)
+            output = StepOutput(token_ids=tokens, num_draft_tokens=list(batch.num_spec_tokens) or None)
+        elif self.config.sampling.on_device:
+            output = StepOutput(token_ids=[[t] for t in out.tokens.reshape(-1)[rows].tolist()])
+        else:
+            logits = out.logits.reshape(len(full.slots), -1, out.logits.shape[-1])[rows, -1, :].float()  # [B, V]
+            output = self.sampler.sample(logits, batch.slots, batch.sampling, batch.num_logprobs)
+        for slot, position, new in zip(batch.slots, batch.positions, output.token_ids):
+            self._next_position[slot] = position + len(new)
+        return output
+
+    def _filler_position(self, slot: int) -> int:
+        """Where a slot without a row this step may be written harmlessly: its next position (its own next step
+        writes there before reading it), or 1 for a free slot; never 0, which would make the call a prefill."""
+        return min(max(1, self._next_position.get(slot, 1)), self.capacity().max_model_len - 1)
 
     def release(self, slot: int) -> None:
         self.sampler.release(slot)
+        self._next_position.pop(slot, None)
 
     def info(self) -> dict[str, Any]:
         facts: dict[str, Any] = {"framework": self.framework}
@@ -380,5 +425,5 @@ def _model_type(model_path: Path) -> str:
         raise RunnerError(f"model: cannot read model_type from {model_path / 'config.json'} ({exc})") from exc
 
 
-__all__ = ["COMPILED_MARKER", "NxdiRunner", "Release", "device_sampling_tensor", "fused_step_tokens",
-           "load_ranks", "model_class", "neuron_config_kwargs", "speculation_length"]
+__all__ = ["COMPILED_MARKER", "NxdiRunner", "Release", "device_sampling_tensor", "full_batch", "fused_step_tokens",
+           "load_ranks", "model_class", "neuron_config_kwargs", "prompt_inputs", "speculation_length"]

@@ -42,6 +42,7 @@ class SamplingCapabilities:
     max_top_k: int  # largest per-request top_k (the global / compiled top-k)
     top_p_rule: Literal["keep", "drop"]  # keep or drop the candidate whose cumulative mass crosses top_p
     seeds: bool = True  # per-request seeds make sampled output reproducible
+    sampled: bool = True  # honours non-greedy requests (False: decodes greedily, e.g. NxDI's fused speculation)
     logprobs: bool = False  # returns logprobs of the chosen and the top tokens
     penalties: bool = False  # presence_penalty, frequency_penalty, repetition_penalty
     logit_bias: bool = False
@@ -179,6 +180,8 @@ class SamplingParams:
             raise SamplingParamsError("logprobs", f"logprobs must be in [0, 20], got {self.logprobs}")
 
     def _check_capabilities(self, caps: SamplingCapabilities) -> None:
+        if not caps.sampled and not self.greedy and self.temperature >= SAMPLING_EPS and self.top_p >= SAMPLING_EPS:
+            raise caps.refuse("sampled", "temperature", "decodes greedily only")
         if self.logprobs is not None and not caps.logprobs:
             raise caps.refuse("logprobs", "logprobs", "samples on the device and returns token ids only")
         if self.seed is not None and not caps.seeds and not self.greedy:
