@@ -1,0 +1,159 @@
+"""The NxDI runner's own rules, on the contract fake of each release: its NeuronConfig, the model registry, the
+compiled-artifacts lifecycle, EAGLE / EAGLE3 per release. The generation behaviour shared with every runner is in
+test_runner_suite.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fake_neuron.install import install_nxdi
+from neuronmodel_runtime.config import load_config
+from neuronmodel_runtime.runners.base import RunnerError
+from neuronmodel_runtime.runners.neuron_nxdi import (
+    COMPILED_MARKER,
+    NxdiRunner,
+    load_ranks,
+    neuron_config_kwargs,
+    speculation_length,
+)
+
+TINY = Path(__file__).resolve().parents[1] / "assets" / "tiny"
+SPEC = {"mode": "draft", "draft_model": str(TINY / "draft"), "num_speculative_tokens": 3}
+
+
+def config(**overrides):
+    fields = {"model": str(TINY / "target"), "framework": "nxdi", "max_num_seqs": 4, "max_model_len": 64,
+              "max_context_length": 32, "dtype": "float32", **overrides}
+    return load_config(None, fields, env={})
+
+
+@pytest.fixture
+def nxdi(monkeypatch, tmp_path):
+    """Factory: version -> the fake of that release installed; NEURONMODEL_CACHE in tmp_path."""
+    monkeypatch.setenv("NEURONMODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("NEURON_COMPILED_ARTIFACTS", raising=False)
+    return lambda version="0.9.17334": install_nxdi(monkeypatch, version, tmp_path / "site")
+
+
+def loaded(cfg, model=None):
+    runner = NxdiRunner(cfg, str(model or TINY / "target"))
+    runner.load()
+    return runner
+
+
+def test_the_neuron_config_of_a_runtime_config():
+    kwargs = neuron_config_kwargs(config(sampling={"global_top_k": 64}))
+    assert kwargs == {
+        "tp_degree": 1, "batch_size": 4, "ctx_batch_size": 1, "tkg_batch_size": 4, "max_batch_size": 4,
+        "is_continuous_batching": True, "max_context_length": 32, "seq_len": 64, "torch_dtype": "float32",
+        "padding_side": "right", "enable_bucketing": True,
+        "on_device_sampling_config": {"dynamic": True, "do_sample": True, "deterministic": False, "global_topk": 64},
+    }
+    spec = neuron_config_kwargs(config(speculation=SPEC))
+    assert spec["speculation_length"] == 4 == speculation_length(config(speculation=SPEC))  # k drafts: k+1 tokens
+    assert spec["seq_len"] == 64 + 3 and spec["enable_fused_speculation"] is True
+    assert spec["on_device_sampling_config"]["do_sample"] is False  # NxDI verifies by argmax
+    assert "on_device_sampling_config" not in neuron_config_kwargs(config(sampling={"on_device": False}))
+    eagle = neuron_config_kwargs(config(speculation={**SPEC, "mode": "eagle"}), eagle3=True)
+    assert eagle["enable_eagle_speculation"] is True and eagle["is_eagle3"] is True
+
+
+def test_multi_node_ranks_split_the_tensor_parallel_degree():
+    cfg = config(parallelism={"tensor_parallel_degree": 64, "nodes": 2})
+    assert neuron_config_kwargs(cfg)["tp_degree"] == 64
+    assert load_ranks(cfg, 1) == {"start_rank_id": 32, "local_ranks_size": 32}
+    assert load_ranks(config(), 0) == {"start_rank_id": None, "local_ranks_size": None}
+
+
+def test_compiles_once_then_loads_the_artifacts(nxdi):
+    library = nxdi()
+    from neuronx_distributed_inference.models import model_base
+
+    first = loaded(config())
+    assert first.info()["compiled_now"] is True and model_base.COMPILES == 1
+    assert (Path(first.info()["artifacts"]) / COMPILED_MARKER).is_file()
+    second = loaded(config())
+    assert second.info()["compiled_now"] is False and model_base.COMPILES == 1
+    assert second.info()["artifacts"] == first.info()["artifacts"]
+    other = loaded(config(max_num_seqs=2))  # another compiled shape: another folder
+    assert other.info()["artifacts"] != first.info()["artifacts"] and model_base.COMPILES == 2
+    assert library.__version__.startswith("0.9")
+
+
+def test_a_partial_compile_is_never_loaded_and_policies_are_honoured(nxdi, monkeypatch):
+    nxdi()
+    from neuronx_distributed_inference.models import model_base
+
+    folder = Path(loaded(config()).info()["artifacts"])
+    (folder / COMPILED_MARKER).unlink()  # as if the compile had been interrupted
+    assert loaded(config()).info()["compiled_now"] is True and model_base.COMPILES == 2
+    assert loaded(config(compile_cache={"policy": "Always"})).info()["compiled_now"] is True
+    shutil.rmtree(folder)
+    with pytest.raises(RunnerError, match="no compiled NxDI artifacts at .* compile_cache.policy is Never"):
+        loaded(config(compile_cache={"policy": "Never"}))
+
+
+def test_artifacts_compiled_for_another_shape_are_refused(nxdi, monkeypatch, tmp_path):
+    nxdi()
+    monkeypatch.setenv("NEURON_COMPILED_ARTIFACTS", str(tmp_path / "shared"))
+    loaded(config(max_num_seqs=2))
+    with pytest.raises(RunnerError, match="compiled with batch_size=2, this config needs 4"):
+        loaded(config())
+
+
+def test_an_unsupported_model_type_lists_what_the_release_serves(nxdi, tmp_path):
+    nxdi("0.3.5591")
+    model = tmp_path / "qwen"
+    shutil.copytree(TINY / "target", model)
+    raw = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**raw, "model_type": "qwen2"}))
+    with pytest.raises(RunnerError, match=r"model_type 'qwen2' is not supported by NxDI 0.3.5591 "
+                                          r"\(it serves: dbrx, llama, mixtral, mllama\)"):
+        loaded(config(model=str(model)), model)
+
+
+def test_eagle3_drafts_need_nxdi_0_7(nxdi, tmp_path):
+    draft = tmp_path / "eagle3"
+    shutil.copytree(TINY / "draft", draft)
+    raw = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**raw, "architectures": ["LlamaForCausalLMEagle3"]}))
+    eagle3 = config(speculation={**SPEC, "mode": "eagle", "draft_model": str(draft)})
+    nxdi("0.6.10598")
+    with pytest.raises(RunnerError, match="EAGLE3 draft.*NxDI 0.7"):
+        loaded(eagle3)
+
+
+@pytest.mark.parametrize("version", ["0.3.5591", "0.9.17334"])
+def test_eagle_speculation_serves_greedy_output(nxdi, version):
+    nxdi(version)
+    runner = loaded(config(speculation={**SPEC, "mode": "eagle"}))
+    assert runner.capabilities().fused_speculation == ("eagle",)
+    assert runner.capabilities().sampling.sampled is False and runner.capacity().speculation_length == 3
+
+
+def test_only_releases_it_was_not_written_against_are_warned_about(nxdi, caplog):
+    from neuronmodel_runtime.runners.neuron_common import release_warning
+
+    nxdi("0.10.17970")
+    with caplog.at_level(logging.WARNING, logger="neuronmodel_runtime"):
+        runner = loaded(config())
+    assert runner.info()["sdk"] == "2.30-2.31" and runner.info()["written_against"] is True
+    assert not [r for r in caplog.records if r.name.startswith("neuronmodel_runtime")]
+    assert release_warning("nxdi", "0.11.2") == (
+        "nxdi 0.11.2 is not a release this runner was written against (0.3-0.10 (SDK 2.23-2.31)); it may work, but "
+        "only those were checked against the library's source")
+
+
+def test_what_nxdi_cannot_serve_is_refused_at_load(nxdi):
+    nxdi()
+    with pytest.raises(RunnerError, match="promptLookup"):
+        loaded(config(speculation={"mode": "promptLookup"}))
+    with pytest.raises(RunnerError, match="sampling.on_device=true"):
+        loaded(config(speculation=SPEC, sampling={"on_device": False}))
+    with pytest.raises(RunnerError, match="multi-node"):
+        loaded(config(parallelism={"tensor_parallel_degree": 2, "nodes": 2}))
