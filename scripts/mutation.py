@@ -38,6 +38,7 @@ STATUS = ("tests/operator_tests/test_status.py",)
 BUILDERS = ("tests/operator_tests/test_builders.py",)
 CRD = ("tests/operator_tests/test_crd.py",)
 RECONCILE = ("tests/operator_tests/test_reconcile.py",)
+NXDI_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "nxdi")
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,40 @@ MUTATIONS = [
         "    if resolved.compile_key == target.resolved.compile_key:\n        return None",
         "    if True:\n        return None",
         RECONCILE, OPERATOR,
+    ),
+]
+
+MUTATIONS += [
+    Mutation(
+        "nxdi: fillers at position 1 (they overwrite a resting sequence's K/V)", "runners/neuron_nxdi.py",
+        "return min(max(1, self._next_position.get(slot, 1)), self.capacity().max_model_len - 1)",
+        "return 1",
+        NXDI_SUITE,
+    ),
+    Mutation(
+        "nxdi: fused token count read from the padding, not next_pos - pos", "runners/neuron_nxdi.py",
+        "counts = (next_positions.reshape(-1).to(torch.int64) - torch.tensor(positions, dtype=torch.int64)).tolist()",
+        "counts = (accepted != -1).sum(dim=1).tolist()",
+        NXDI_SUITE,
+    ),
+    Mutation(
+        "nxdi: one-token prompts left to NxDI's padding (position 1 pads)", "runners/neuron_nxdi.py",
+        "length = len(prompt) if len(prompt) > 1 else max_context_length",
+        "length = len(prompt)",
+        NXDI_SUITE,
+    ),
+    Mutation(
+        "nxdi: no per-request limit sent as top_k -1 (uniform random on NxDI)", "runners/neuron_nxdi.py",
+        "params[:, 0].clamp_(1, global_top_k)",
+        "params[:, 0] = torch.where(params[:, 0] == global_top_k, -1.0, params[:, 0])",
+        NXDI_SUITE,
+    ),
+    Mutation(
+        "nxdi: the sampling tensor in arrival order, not the rows' slot order", "runners/neuron_nxdi.py",
+        "sampling_params=device_sampling_tensor(full.sampling, self.global_top_k),",
+        "sampling_params=device_sampling_tensor(list(batch.sampling) + [GREEDY] * (len(full.slots) - "
+        "len(batch.slots)), self.global_top_k),",
+        NXDI_SUITE,
     ),
 ]
 

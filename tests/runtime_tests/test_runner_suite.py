@@ -146,15 +146,41 @@ def test_per_request_sampling_is_honoured_row_by_row(build, reference):
     prompt = encode(reference, PROMPTS[2])
     rows = [SamplingParams(temperature=1.7, top_k=1, max_tokens=STEPS, ignore_eos=True),
             SamplingParams(temperature=1.0, top_k=2, max_tokens=STEPS, ignore_eos=True),
-            SamplingParams(temperature=2.0, top_k=-1, max_tokens=STEPS, ignore_eos=True)]
-    top1, top2, hot = run(engine, [prompt] * 3, rows)
+            SamplingParams(temperature=2.0, top_k=-1, max_tokens=STEPS, ignore_eos=True),
+            SamplingParams(temperature=0.7, top_k=-1, max_tokens=STEPS, ignore_eos=True)]
+    top1, top2, hot, cool = run(engine, [prompt] * 4, rows)
     assert top1 == hf_greedy(reference, prompt)
+    assert all(t in best for t, best in zip(top2, hf_top(reference, prompt, top2, 2))), top2
+    assert hot != top1  # 12 tokens at temperature 2 over 4096 tokens: equal to greedy only if sampling was ignored
+    # No per-request limit still means the global top-k (256 of 4096 tokens), never a uniform draw over the vocabulary
+    assert all(t in best for t, best in zip(cool, hf_top(reference, prompt, cool, 256))), cool
+
+
+def hf_top(reference: Any, prompt: list[int], generated: list[int], k: int) -> list[list[int]]:
+    """Per generated position, transformers' k most likely tokens there."""
     model, _ = reference
     with torch.inference_mode():
-        logits = model(torch.tensor([prompt + top2])).logits[0, len(prompt) - 1: -1]  # [STEPS, V]
-    best2 = logits.topk(2, dim=-1).indices.tolist()
-    assert all(t in best for t, best in zip(top2, best2)), (top2, best2)
-    assert hot != top1  # 12 tokens at temperature 2 over 4096 tokens: equal to greedy only if sampling was ignored
+        logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1: -1]  # [T, V]
+    return logits.topk(k, dim=-1).indices.tolist()
+
+
+def test_each_rows_sampling_follows_it_whatever_the_slot_order(build, reference):
+    """Rows arrive in slots 2, 0: the greedy row (slot 0) stays greedy next to a hot row, in prefill and decode."""
+    from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch
+
+    runner = build().engine.runner
+    hot = SamplingParams(temperature=2.0).validate(runner.capabilities().sampling, max_model_len=64).row()
+    cold = SamplingParams(temperature=0.0).validate(runner.capabilities().sampling, max_model_len=64).row()
+    prompt = encode(reference, PROMPTS[1])
+    out = runner.prefill(PrefillBatch([2, 0], [prompt, prompt], [hot, cold])).token_ids
+    greedy_row, position = [out[1][0]], len(prompt)
+    last = [out[0][0], out[1][0]]
+    for _ in range(STEPS - 1):
+        out = runner.decode(DecodeBatch([2, 0], last, [position, position], [hot, cold])).token_ids
+        last = [out[0][0], out[1][0]]
+        greedy_row.append(out[1][0])
+        position += 1
+    assert greedy_row == hf_greedy(reference, prompt)
 
 
 def test_speculation_emits_several_tokens_per_step_and_keeps_greedy_output(build, reference):
