@@ -1,0 +1,535 @@
+"""The TNx runner: transformers-neuronx 0.13.x (`transformers_neuronx`) behind the slot contract.
+
+Written against the 0.13 line (src/transformers_neuronx at 1ade6d7, the last public sync; SDK 2.22-2.25), the
+library's last, end-of-support release line: it reached end of support on 2025-09-16, and `load` says so. NEVER RUN
+ON NEURON HARDWARE: it is tested against a contract fake of 0.13 (tests/runtime_tests/fake_neuron/transformers_neuronx)
+that enforces the rules below. File names in comments are TNx's (src/transformers_neuronx/...).
+
+How TNx is driven (as vLLM's TNx loader and runner of PR #16357 drive it, with the differences noted):
+
+- the model class comes from TNx's own registry, `modeling_auto.NEURON_MODEL_FOR_CAUSAL_LM_MAPPING`, by the
+  checkpoint's `model_type`; `cls.from_pretrained(path, batch_size=slots, tp_degree, amp, n_positions=[seq],
+  context_length_estimate=[context buckets], neuron_config=NeuronConfig(...))`. `NeuronConfig` asserts it knows
+  every keyword (config.py); continuous batching needs `batch_size_for_shared_caches == batch_size` (module.py) and
+  forces right padding, so cache ids are 2D `[rows, tokens]`.
+- compiled artifacts: `load(folder)` only records the folder and `to_neuron()` then reads the NEFFs (base.py); a
+  first start runs `to_neuron()` (compiles) and then `save(folder)` (save needs the compiled kernels). Target and draft
+  save separately; the fused speculator has no save/load in 0.13 and is rebuilt at every start (the Neuron
+  persistent compile cache, NEURON_COMPILE_CACHE_URL, is what spares that compile).
+- forward by keyword, `model(input_ids, cache_ids=positions, start_ids=slots)`, int32 (the graphs take s32).
+  Context encoding happens iff more than one token is fed and `cache_ids[0, 0] == 0` (base.py
+  `_prepare_for_continuous_batching`; an EAGLE model also with one token); it runs one sequence at a time
+  (context_batch_sizes is [1] under continuous batching), so prefill sends one prompt per call, padded to two tokens
+  when it has one (the padding has cache id 0, and the output is taken at max(cache_ids), `_prepare_for_par_ctx_
+  rhs_padding`) so that it is context-encoded rather than run as token generation.
+- token generation always runs the whole compiled batch: rows are scattered to their lines by start_ids, and every
+  line not in the call is fed token 0 at cache id 0, which the graph writes into that line's KV cache
+  (`update_cache` in layers/attention.py updates all lines). A slot prefilled this step (the engine decodes the
+  older rows after it) would lose its position 0. So decode sends every line itself, start_ids = 0..B-1 in order:
+  the rows at their positions, every other line token 0 at position max_model_len - 1. That position (and the k a
+  fused step writes after it, in the compiled tail) is at or past the next position any live line writes before it
+  reads, and a full line is never read again. The fused speculators pad missing lines with zeros the same way
+  (fused_speculation.py `preprocess_input`, eagle_speculation.py `pad`), so speculation sends full batches too.
+  Row order needs no sorting: TNx scatters and gathers by start_ids (`_postprocess`, `postprocess_output`), except
+  that EAGLE's `handle_padding` returns a full batch in line order, which sorted start_ids make the row order.
+- per-slot sampling: `GenerationConfig(dynamic=True, per_batch_line=True, do_sample=True, global_top_k, top_k /
+  top_p / temperature lists)` compiled in, indexed by KV line (layers/generation.py `sampling_params_for_batch_line`
+  reads them at each row's seq id); `update_generation_config` rewrites the lists when a slot's (top_k, top_p,
+  temperature) changed (greedy is top_k 1; top_k clamped to [1, global_top_k]: 0 would keep no candidate,
+  temperature is divided by, never 0). TNx's top-p keeps the candidate whose cumulative probability crosses top_p
+  (hlo.py `topp`: positions <= count(cumulative < top_p)). With `sampling.on_device` false the model returns
+  logits and the host samples (SlotSampler: seeds, logprobs, penalties).
+- fused speculation (speculation.mode draft): `FusedSpeculativeDecoder(draft, target, k)`, both models with
+  on_device_embedding and on-device generation; `speculative_iteration(input_ids, cache_ids, start_ids)` runs the
+  draft k + 1 times (k proposals) and the target over k + 1 positions and returns tokens [B, k + 1] with counts
+  [B, 1] in 1..k + 1: our k is TNx's k. A step writes k positions past a row's token, so the compiled sequence is
+  max_model_len + k long. TNx's post-processing replaces every token equal to pad_token_id, generated ones included,
+  by tokens[0, 0]; pad_token_id -1 is never a token. EAGLE (speculation.mode eagle, the draft's config.json has
+  `is_eagle: true`): `EagleSpeculativeDecoder` requires a token tree in 0.13; a chain of k + 1 nodes proposes k
+  tokens. It keeps per-line state (the hidden state of each line's last token) that a step rewrites for every line it
+  runs, so the state of lines not in the call is put back after, and every line is context-encoded once at load so
+  that the state exists for lines never used yet.
+- multi-node TNx (NEURON_RANK_ID / NEURON_LOCAL_TP, Trn1 only) is not served: nodes > 1 is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from neuronmodel_runtime.config import RuntimeConfig
+from neuronmodel_runtime.frameworks import TNX_DEPRECATION
+from neuronmodel_runtime.releases import release_of
+from neuronmodel_runtime.runners.base import (
+    DecodeBatch,
+    ModelRunner,
+    PrefillBatch,
+    RunnerCapabilities,
+    RunnerCapacity,
+    RunnerError,
+    StepOutput,
+)
+from neuronmodel_runtime.runners.neuron_common import (
+    artifacts_dir,
+    import_library,
+    release_warning,
+    sampling_capabilities,
+)
+from neuronmodel_runtime.runners.slot_sampler import SlotSampler
+from neuronmodel_runtime.sampling.params import RowSampling
+
+log = logging.getLogger(__name__)
+
+#: transformers-neuronx's end of support (AWS Neuron SDK announcement).
+END_OF_SUPPORT = "2025-09-16"
+#: The file written last into an artifacts folder: without it a folder is a partial compile, never loaded.
+COMPILED_MARKER = ".neuronmodel-compiled.json"
+#: RuntimeConfig.dtype -> TNx `amp` ("auto" is bfloat16 on Neuron).
+AMP = {"auto": "bf16", "bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+#: Speculation output padding: TNx overwrites every token equal to its pad_token_id, so it must be no token id.
+PAD_TOKEN_ID = -1
+#: The smallest context-encoding bucket; buckets double from it up to max_context_length.
+FIRST_CONTEXT_BUCKET = 128
+#: A line's sampling on the device: (top_k, top_p, temperature); greedy is top_k 1.
+GREEDY_LINE = (1, 1.0, 1.0)
+
+
+def context_buckets(max_context_length: int) -> list[int]:
+    """The context-encoding buckets: powers of two from 128 below max_context_length, then max_context_length (a
+    prompt is padded to the smallest bucket that holds it; the largest is the longest prompt served)."""
+    buckets, size = [], FIRST_CONTEXT_BUCKET
+    while size < max_context_length:
+        buckets.append(size)
+        size *= 2
+    return buckets + [max_context_length]
+
+
+def sequence_length(config: RuntimeConfig) -> int:
+    """The compiled n_positions: max_model_len, plus k scratch positions that a fused step writes past a row."""
+    spec = config.speculation
+    return config.max_model_len + (spec.num_speculative_tokens if spec.mode in ("draft", "eagle") else 0)
+
+
+def chain_token_tree(k: int) -> dict[int, list[int]]:
+    """EAGLE's token tree for k proposals in a row: {0: [1], 1: [2], ..., k-1: [k]} (k + 1 nodes, node 0 is the fed
+    token; util/token_tree.py)."""
+    return {i: [i + 1] for i in range(k)}
+
+
+def device_top_k(config: RuntimeConfig, vocab_size: int) -> int:
+    """The compiled global top-k: sampling.global_top_k, at most the vocabulary (hlo.topk over it)."""
+    return min(config.sampling.global_top_k, vocab_size)
+
+
+def device_line(row: RowSampling, global_top_k: int) -> tuple[int, float, float]:
+    """A row's (top_k, top_p, temperature) as TNx's per-line lists take them: top_k in [1, global_top_k] (-1, no
+    limit, is the global top-k)."""
+    top_k = global_top_k if row.top_k < 1 else min(row.top_k, global_top_k)
+    return int(top_k), float(row.top_p), float(row.temperature)
+
+
+def neuron_config_kwargs(config: RuntimeConfig, vocab_size: int, role: str = "target") -> dict[str, Any]:
+    """NeuronConfig keyword arguments (nested configs as dicts) of the target or the draft (pure).
+
+    Every key is a NeuronConfig argument of 0.13 (config.py). BSH attention / collectives layouts and fused QKV are
+    vLLM's TNx defaults (model_loader/neuron.py); the KV cache keeps the default SBH layout, which allows several
+    context buckets.
+    """
+    batch = config.max_num_seqs
+    mode = config.speculation.mode
+    kwargs: dict[str, Any] = {
+        "continuous_batching": {"batch_size_for_shared_caches": batch},
+        "attention_layout": "BSH",  # constants.LAYOUT_BSH
+        "collectives_layout": "BSH",
+        "fuse_qkv": True,
+    }
+    if config.sampling.on_device:
+        kwargs["on_device_generation"] = {
+            "max_length": sequence_length(config), "do_sample": True, "dynamic": True, "per_batch_line": True,
+            "global_top_k": device_top_k(config, vocab_size), "top_k": [GREEDY_LINE[0]] * batch,
+            "top_p": [GREEDY_LINE[1]] * batch, "temperature": [GREEDY_LINE[2]] * batch,
+        }
+    if mode in ("draft", "eagle"):
+        kwargs["on_device_embedding"] = True  # both fused speculators assert it on both models
+    if mode == "eagle":
+        if role == "target":
+            kwargs["is_eagle_target"] = True
+        else:
+            kwargs.update(is_eagle_draft=True, has_pre_attention_norm=False)  # as vLLM's TNx EAGLE loader
+    return kwargs
+
+
+def model_class(mapping: dict[str, Any], model_type: Optional[str], version: str, what: str = "model") -> Any:
+    """TNx's class for a checkpoint's model_type, from its own registry (modeling_auto.py)."""
+    if model_type not in mapping:
+        raise RunnerError(
+            f"{what}: model_type {model_type!r} is not supported by transformers-neuronx {version} (it serves: "
+            f"{', '.join(sorted(mapping))}); serve it with framework nxdi or torch"
+        )
+    return mapping[model_type]
+
+
+def step_tokens(tokens: torch.Tensor, counts: torch.Tensor, lines: Sequence[int], wanted: Sequence[int]
+                ) -> list[list[int]]:
+    """Per row, the first count tokens of its line's row of a fused step (at most wanted[i]); never the padding."""
+    rows = tokens.to(torch.int64).tolist()
+    numbers = counts.reshape(-1).to(torch.int64).tolist()
+    return [rows[line][: min(max(1, numbers[line]), len(rows[line]), w)] for line, w in zip(lines, wanted)]
+
+
+class TnxRunner(ModelRunner):
+    """A transformers-neuronx causal LM (Llama, Mistral, ... as TNx 0.13 has them) in `max_num_seqs` slots."""
+
+    framework = "tnx"
+
+    def __init__(self, config: RuntimeConfig, model_path: str):
+        self.config = config
+        self.model_path = Path(model_path)
+        spec = config.speculation
+        self.k = spec.num_speculative_tokens if spec.mode in ("draft", "eagle") else 0
+        self.eagle = self.k > 0 and spec.mode == "eagle"
+        self.n_positions = sequence_length(config)
+        self.buckets = context_buckets(config.max_context_length)
+        self.sampler = SlotSampler(config.sampling.global_top_k, torch.device("cpu"))  # host sampling only
+        self.version: Optional[str] = None
+        self.model: Any = None  # the target (TNx model)
+        self.draft: Any = None
+        self.speculator: Any = None  # FusedSpeculativeDecoder / EagleSpeculativeDecoder
+        self.generation_config_cls: Any = None
+        self.artifacts: Optional[Path] = None
+        self.compiled_now = False  # this start compiled the models (True) or loaded saved artifacts (False)
+        self.vocab_size = 0
+        self.top_k = config.sampling.global_top_k  # the compiled global top-k, known after load()
+        self._lines = [GREEDY_LINE] * config.max_num_seqs  # the per-line sampling on the device now
+
+    # --- load ---------------------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        cfg = self.config
+        if cfg.parallelism.nodes > 1:
+            raise RunnerError("parallelism.nodes > 1: multi-node transformers-neuronx (NEURON_RANK_ID / "
+                              "NEURON_LOCAL_TP, Trn1 only) is not served by the tnx runner; set parallelism.nodes "
+                              "to 1, or use framework nxdi")
+        if cfg.speculation.mode == "promptLookup":
+            raise RunnerError("speculation.mode 'promptLookup' is not served by the tnx runner (TNx speculates on "
+                              "the device with a draft model or EAGLE); use draft or eagle, or framework torch")
+        if self.k and not cfg.sampling.on_device:
+            raise RunnerError("speculation.mode draft/eagle on TNx needs sampling.on_device=true (its fused "
+                              "speculators sample on the device); set it, or speculation.mode none")
+        raw = _read_model_config(self.model_path, "model")
+        _, version = import_library("tnx", "transformers_neuronx", "transformers-neuronx")
+        self.version = version
+        log.warning("%s (transformers-neuronx reached end of support on %s)", TNX_DEPRECATION, END_OF_SUPPORT)
+        warning = release_warning("tnx", version)
+        if warning:
+            log.warning(warning)
+        from transformers_neuronx import config as tnx_config
+        from transformers_neuronx.modeling_auto import NEURON_MODEL_FOR_CAUSAL_LM_MAPPING
+
+        self.generation_config_cls = tnx_config.GenerationConfig
+        cls = model_class(NEURON_MODEL_FOR_CAUSAL_LM_MAPPING, raw.get("model_type"), version)
+        self.vocab_size = int(raw.get("vocab_size") or 0)
+        self.top_k = device_top_k(cfg, self.vocab_size)
+        draft_cls, draft_path = None, None
+        if self.k:
+            draft_path = Path(str(cfg.speculation.draft_model))
+            draft_raw = _read_model_config(draft_path, "speculation.draft_model")
+            is_eagle = bool(draft_raw.get("is_eagle", False))
+            if is_eagle != self.eagle:
+                raise RunnerError(
+                    f"speculation.draft_model {draft_path}: its config.json has is_eagle {is_eagle}, so it is "
+                    f"{'an EAGLE' if is_eagle else 'not an EAGLE'} draft; set speculation.mode to "
+                    f"{'eagle' if is_eagle else 'draft'}")
+            if int(draft_raw.get("vocab_size") or 0) != self.vocab_size:
+                raise RunnerError(f"speculation.draft_model: its vocabulary ({draft_raw.get('vocab_size')}) is not "
+                                  f"the target's ({self.vocab_size}); TNx fuses only models of one vocabulary")
+            draft_cls = model_class(NEURON_MODEL_FOR_CAUSAL_LM_MAPPING, draft_raw.get("model_type"), version,
+                                    "speculation.draft_model")
+        compiled = {
+            "model_type": raw.get("model_type"), "draft": str(draft_path) if draft_path else None,
+            "speculation": cfg.speculation.mode if self.k else "none", "k": self.k,
+            "batch_size": cfg.max_num_seqs, "tp_degree": cfg.parallelism.tensor_parallel_degree,
+            "amp": AMP[cfg.dtype], "n_positions": [self.n_positions], "context_length_estimate": self.buckets,
+            "target": neuron_config_kwargs(cfg, self.vocab_size, "target"),
+            "draft_neuron_config": neuron_config_kwargs(cfg, self.vocab_size, "draft") if self.k else None,
+        }
+        self.artifacts = artifacts_dir(cfg, "tnx", version, compiled)
+        saved = self._saved_artifacts(compiled)
+        if not saved:
+            self.artifacts.mkdir(parents=True, exist_ok=True)
+            (self.artifacts / COMPILED_MARKER).unlink(missing_ok=True)
+            log.info("compiling for transformers-neuronx into %s (minutes to hours on Neuron)", self.artifacts)
+        self.model = self._build(cls, self.model_path, compiled["target"], "target", saved)
+        if self.k:
+            assert draft_cls is not None and draft_path is not None
+            self.draft = self._build(draft_cls, draft_path, compiled["draft_neuron_config"], "draft", saved)
+        if not saved:
+            (self.artifacts / COMPILED_MARKER).write_text(json.dumps({"compiled": compiled}, default=str))
+            self.compiled_now = True
+        if self.k:
+            self._build_speculator()
+
+    def _saved_artifacts(self, compiled: dict[str, Any]) -> bool:
+        """Whether to load compiled artifacts (True) or compile (False), by compile_cache.policy and the marker."""
+        assert self.artifacts is not None
+        policy = self.config.compile_cache.policy
+        marker = self.artifacts / COMPILED_MARKER
+        if policy == "Always" or not marker.is_file():
+            if policy == "Never":
+                raise RunnerError(f"no compiled transformers-neuronx artifacts at {self.artifacts} and "
+                                  "compile_cache.policy is Never; compile them first (policy IfNotCached) or point "
+                                  "NEURON_COMPILED_ARTIFACTS at them")
+            return False
+        try:
+            have = json.loads(marker.read_text()).get("compiled")
+        except (OSError, ValueError):
+            have = None
+        if have != json.loads(json.dumps(compiled, default=str)):
+            raise RunnerError(f"the transformers-neuronx artifacts at {self.artifacts} were compiled for another "
+                              "configuration; recompile (compile_cache.policy Always) or unset "
+                              "NEURON_COMPILED_ARTIFACTS")
+        return True
+
+    def _build(self, cls: Any, path: Path, kwargs: dict[str, Any], name: str, saved: bool) -> Any:
+        """from_pretrained, then load(folder) + to_neuron() (saved) or to_neuron() + save(folder) (base.py)."""
+        from transformers_neuronx import config as tnx_config
+
+        cfg = self.config
+        assert self.artifacts is not None
+        folder = self.artifacts / name
+        model = cls.from_pretrained(
+            str(path),
+            batch_size=cfg.max_num_seqs,
+            tp_degree=cfg.parallelism.tensor_parallel_degree,
+            amp=AMP[cfg.dtype],
+            n_positions=[self.n_positions],
+            context_length_estimate=list(self.buckets),
+            neuron_config=_neuron_config(tnx_config, kwargs),
+        )
+        if saved:
+            model.load(str(folder))  # only records the folder; to_neuron() reads the NEFFs
+            try:
+                model.to_neuron()
+            except FileNotFoundError as exc:
+                raise RunnerError(f"the {name} artifacts at {folder} do not match this model ({exc}); recompile "
+                                  "(compile_cache.policy Always)") from exc
+        else:
+            model.to_neuron()
+            model.save(str(folder))  # needs the compiled kernels: after to_neuron() only
+        return model
+
+    def _build_speculator(self) -> None:
+        if self.eagle:
+            from transformers_neuronx.eagle_speculation import EagleSpeculativeDecoder
+
+            self.speculator = EagleSpeculativeDecoder(self.draft, self.model, pad_token_id=PAD_TOKEN_ID,
+                                                      token_tree=chain_token_tree(self.k))
+        else:
+            from transformers_neuronx.fused_speculation import FusedSpeculativeDecoder
+
+            self.speculator = FusedSpeculativeDecoder(self.draft, self.model, k=self.k, pad_token_id=PAD_TOKEN_ID)
+        self.speculator.to_neuron()
+        if self.eagle:  # EAGLE's per-line state exists only for lines context-encoded once
+            for slot in range(self.config.max_num_seqs):
+                ids, cache = _context_inputs([0])
+                self.speculator.speculative_iteration(ids, cache, torch.tensor([slot], dtype=torch.int32))
+
+    # --- contract -----------------------------------------------------------------------------------------------
+
+    def capacity(self) -> RunnerCapacity:
+        self._loaded()
+        return RunnerCapacity(
+            max_num_seqs=self.config.max_num_seqs,
+            max_context_length=self.buckets[-1],  # the largest compiled context bucket
+            max_model_len=self.config.max_model_len,
+            speculation_length=self.k,
+            vocab_size=self.vocab_size,
+        )
+
+    def capabilities(self) -> RunnerCapabilities:
+        return RunnerCapabilities(
+            # TNx keeps the candidate whose cumulative probability crosses top_p (hlo.py topp)
+            sampling=sampling_capabilities(self.framework, self.config.sampling.on_device,
+                                           self.config.sampling.global_top_k, top_p_rule="keep"),
+            host_drafts=False,
+            fused_speculation=(self.config.speculation.mode,) if self.k else (),
+            per_row_speculation_length=False,  # compiled for one k
+        )
+
+    @torch.inference_mode()
+    def prefill(self, batch: PrefillBatch) -> StepOutput:
+        """One context-encoding call per prompt, into the prompt's slot (its KV line)."""
+        self._loaded()
+        self._check_slots(batch.slots)
+        limit = self.buckets[-1]
+        for prompt in batch.prompt_ids:
+            if not 1 <= len(prompt) <= limit:
+                raise ValueError(f"prompt of {len(prompt)} tokens must be in [1, {limit}] (max_context_length)")
+        on_device = self.config.sampling.on_device
+        if on_device:
+            self._set_lines(batch.slots, batch.sampling)
+        else:
+            self.sampler.seed(batch.slots, batch.sampling)
+        tokens: list[list[int]] = []
+        logits: list[torch.Tensor] = []
+        for slot, prompt in zip(batch.slots, batch.prompt_ids):
+            ids, cache = _context_inputs(prompt)
+            start = torch.tensor([slot], dtype=torch.int32)
+            if self.speculator is not None:  # context-encodes target and draft (and stores EAGLE's state)
+                out, _ = self.speculator.speculative_iteration(ids, cache, start)
+                tokens.append([int(out.reshape(-1)[0])])
+            else:
+                out = self.model(ids, cache_ids=cache, start_ids=start)
+                if on_device:
+                    tokens.append([int(out.reshape(-1)[0])])
+                else:
+                    logits.append(out.reshape(1, -1)[:, : self.vocab_size].float())
+        if logits:
+            return self.sampler.sample(torch.cat(logits), batch.slots, batch.sampling, batch.num_logprobs)
+        return StepOutput(token_ids=tokens)
+
+    @torch.inference_mode()
+    def decode(self, batch: DecodeBatch) -> StepOutput:
+        """One token-generation call over every line; with fused speculation each row gets up to
+        num_spec_tokens[i] + 1 tokens (only the first for rows that do not speculate this step)."""
+        self._loaded()
+        self._check_slots(batch.slots)
+        spec = list(batch.num_spec_tokens)
+        if spec and self.speculator is None:
+            raise ValueError(f"num_spec_tokens {spec}: this runner does not speculate (speculation.mode none)")
+        if any(n not in (0, self.k) for n in spec):
+            raise ValueError(f"num_spec_tokens {spec}: this runner speculates exactly k={self.k} tokens per row, "
+                             "or none")
+        on_device = self.config.sampling.on_device
+        if on_device:
+            self._set_lines(batch.slots, batch.sampling)
+        ids, cache, starts = self._full_batch(batch)
+        if self.speculator is not None:
+            saved = self._eagle_state(batch.slots)
+            tokens, counts = self.speculator.speculative_iteration(ids, cache, starts)
+            self._restore_eagle_state(saved)
+            wanted = [1 + (spec[i] if spec else 0) for i in range(len(batch.slots))]
+            out = StepOutput(token_ids=step_tokens(tokens, counts, batch.slots, wanted),
+                             num_draft_tokens=spec or None)
+        else:
+            result = self.model(ids, cache_ids=cache, start_ids=starts)  # every line, in line order
+            lines = torch.tensor(batch.slots, dtype=torch.int64)
+            if on_device:
+                out = StepOutput(token_ids=[[int(t)] for t in result.reshape(len(starts), -1)[lines, 0]])
+            else:
+                logits = result.reshape(len(starts), -1)[lines, : self.vocab_size].float()
+                out = self.sampler.sample(logits, batch.slots, batch.sampling, batch.num_logprobs)
+        return out
+
+    def release(self, slot: int) -> None:
+        self.sampler.release(slot)
+
+    def info(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {"framework": self.framework}
+        if self.version is not None:
+            known_release = release_of("tnx", self.version)
+            facts.update(tnx=self.version, sdk=known_release.sdk if known_release else None,
+                         written_against=known_release is not None, end_of_support=END_OF_SUPPORT)
+        if self.model is not None:
+            facts.update(model_class=type(self.model).__name__,
+                         tp_degree=self.config.parallelism.tensor_parallel_degree, amp=AMP[self.config.dtype], n_positions=self.n_positions, context_buckets=list(self.buckets),
+                         artifacts=str(self.artifacts), compiled_now=self.compiled_now)
+        if self.speculator is not None:
+            facts.update(speculator=type(self.speculator).__name__, draft_class=type(self.draft).__name__,
+                         speculation_k=self.k)
+        return facts
+
+    def shutdown(self) -> None:
+        self.model = self.draft = self.speculator = None
+        self.sampler.clear()
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+
+    def _loaded(self) -> None:
+        if self.model is None:
+            raise RunnerError("the runner is not loaded: call load() first")
+
+    def _check_slots(self, slots: Sequence[int]) -> None:
+        if len(set(slots)) != len(slots) or not all(0 <= s < self.config.max_num_seqs for s in slots):
+            raise ValueError(f"slots {list(slots)} must be distinct and in [0, {self.config.max_num_seqs})")
+
+    def _set_lines(self, slots: Sequence[int], rows: Sequence[RowSampling]) -> None:
+        """Rewrite the device's per-line sampling lists when a slot's (top_k, top_p, temperature) changed."""
+        changed = False
+        for slot, row in zip(slots, rows):
+            line = device_line(row, self.top_k)
+            if self._lines[slot] != line:
+                self._lines[slot] = line
+                changed = True
+        if not changed:
+            return
+        generation = self.generation_config_cls(
+            max_length=self.n_positions, do_sample=True, dynamic=True, per_batch_line=True, global_top_k=self.top_k,
+            top_k=[line[0] for line in self._lines], top_p=[line[1] for line in self._lines],
+            temperature=[line[2] for line in self._lines],
+        )
+        (self.speculator or self.model).update_generation_config(generation)
+
+    def _full_batch(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """input_ids, cache_ids [B, 1] and start_ids [B] of every line: the rows at their positions, every other line
+        token 0 at max_model_len - 1, where what it writes (up to k positions more in a fused step: the compiled
+        tail) is overwritten before any live line reads it; never position 0 (TNx would context-encode)."""
+        lines = self.config.max_num_seqs
+        ids = torch.zeros(lines, 1, dtype=torch.int32)
+        cache = torch.full((lines, 1), self.config.max_model_len - 1, dtype=torch.int32)
+        for slot, token, position in zip(batch.slots, batch.last_tokens, batch.positions):
+            ids[slot, 0] = token
+            cache[slot, 0] = position
+        return ids, cache, torch.arange(lines, dtype=torch.int32)
+
+    def _eagle_state(self, slots: Sequence[int]) -> dict[str, dict[int, Any]]:
+        """EAGLE's per-line state (eagle_speculation.py: hidden, cache_gather_indices, cache_scatter_indices) of the
+        lines not in this call, which the step is about to overwrite."""
+        if not self.eagle:
+            return {}
+        keep = set(range(self.config.max_num_seqs)) - set(slots)
+        return {name: {s: v for s, v in getattr(self.speculator, name).items() if s in keep}
+                for name in ("hidden", "cache_gather_indices", "cache_scatter_indices")}
+
+    def _restore_eagle_state(self, saved: dict[str, dict[int, Any]]) -> None:
+        for name, values in saved.items():
+            getattr(self.speculator, name).update(values)
+
+
+def _context_inputs(prompt: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and cache_ids [1, T] of one prompt; a one-token prompt gets a padding token at cache id 0 so that TNx
+    context-encodes it (the output is read at max(cache_ids))."""
+    ids = list(prompt) + [0] * (2 - len(prompt)) if len(prompt) < 2 else list(prompt)
+    cache = list(range(len(prompt))) + [0] * (len(ids) - len(prompt))
+    return torch.tensor([ids], dtype=torch.int32), torch.tensor([cache], dtype=torch.int32)
+
+
+def _neuron_config(tnx_config: Any, kwargs: dict[str, Any]) -> Any:
+    """NeuronConfig from `neuron_config_kwargs`: nested dicts become TNx's config objects (fresh ones each time:
+    TNx mutates the generation config it is given)."""
+    values = dict(kwargs)
+    values["continuous_batching"] = tnx_config.ContinuousBatchingConfig(**kwargs["continuous_batching"])
+    if "on_device_generation" in kwargs:
+        values["on_device_generation"] = tnx_config.GenerationConfig(
+            **{k: list(v) if isinstance(v, list) else v for k, v in kwargs["on_device_generation"].items()})
+    return tnx_config.NeuronConfig(**values)
+
+
+def _read_model_config(path: Path, what: str) -> dict[str, Any]:
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise RunnerError(f"{what}: cannot read {path / 'config.json'} ({exc}); it must be a Hugging Face model "
+                          "folder") from exc
+    if not isinstance(raw, dict):
+        raise RunnerError(f"{what}: {path / 'config.json'} must hold a JSON object")
+    return raw
+
+
+__all__ = ["AMP", "COMPILED_MARKER", "END_OF_SUPPORT", "PAD_TOKEN_ID", "TnxRunner", "chain_token_tree",
+           "context_buckets", "device_line", "device_top_k", "model_class", "neuron_config_kwargs",
+           "sequence_length", "step_tokens"]
