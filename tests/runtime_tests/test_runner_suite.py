@@ -214,7 +214,7 @@ async def serving(engine: Any) -> AsyncIterator[Callable[[dict], Awaitable[httpx
 
 async def test_a_speculating_runner_serves_sampled_requests_only_if_it_samples_them(build):
     """NxDI's fused speculation verifies by argmax: its runner refuses sampled requests (400 naming temperature)
-    instead of answering them greedily; the reference runner verifies by rejection sampling and serves them."""
+    instead of answering them greedily; the reference and TNx runners verify by rejection sampling and serve them."""
     engine = build(speculation={"mode": "draft", "draft_model": str(DRAFT), "num_speculative_tokens": 3})
     async with serving(engine) as post:
         sampled = await post({"prompt": "Hello", "max_tokens": 4, "temperature": 0.8})
@@ -224,7 +224,7 @@ async def test_a_speculating_runner_serves_sampled_requests_only_if_it_samples_t
         assert sampled.status_code == 200, sampled.text
     else:
         assert sampled.status_code == 400 and sampled.json()["error"]["param"] == "temperature"
-    assert engine.engine.capabilities.sampling.sampled == (build.runner == "torch")
+    assert engine.engine.capabilities.sampling.sampled == (not build.runner.startswith("nxdi"))
 
 
 async def test_a_prompt_longer_than_the_compiled_context_is_a_400_before_the_runner(build):
