@@ -14,8 +14,8 @@ import pytest
 from fake_neuron.install import install_nxdi
 from neuronmodel_runtime.config import load_config
 from neuronmodel_runtime.runners.base import RunnerError
+from neuronmodel_runtime.runners.neuron_common import COMPILED_MARKER
 from neuronmodel_runtime.runners.neuron_nxdi import (
-    COMPILED_MARKER,
     NxdiRunner,
     load_ranks,
     neuron_config_kwargs,

@@ -13,11 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from fake_neuron.install_tnx import install_tnx  # noqa: E402
+from fake_neuron.install import install_tnx  # noqa: E402
 from neuronmodel_runtime.config import RuntimeConfig  # noqa: E402
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError  # noqa: E402
+from neuronmodel_runtime.runners.neuron_common import COMPILED_MARKER  # noqa: E402
 from neuronmodel_runtime.runners.neuron_tnx import (  # noqa: E402
-    COMPILED_MARKER, TnxRunner, chain_token_tree, context_buckets, device_line)
+    TnxRunner, chain_token_tree, context_buckets, device_line)
 from neuronmodel_runtime.sampling.params import GREEDY, RowSampling  # noqa: E402
 from runner_helpers import generate  # noqa: E402
 

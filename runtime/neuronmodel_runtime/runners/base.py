@@ -110,6 +110,16 @@ class RunnerError(RuntimeError):
     """A runner cannot be built or loaded; the message says what to change."""
 
 
+def check_slots(slots: Sequence[int], max_num_seqs: int) -> None:
+    """A step's slots are distinct and in [0, max_num_seqs) (the engine's contract; a bug otherwise).
+
+    Raises:
+        ValueError: naming the slots.
+    """
+    if len(set(slots)) != len(slots) or not all(0 <= s < max_num_seqs for s in slots):
+        raise ValueError(f"slots {list(slots)} must be distinct and in [0, {max_num_seqs})")
+
+
 class ModelRunner(ABC):
     """A model behind fixed slots. Implementations: torch_reference (CPU/GPU), neuron_nxdi, neuron_tnx.
 

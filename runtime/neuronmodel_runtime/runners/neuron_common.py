@@ -1,5 +1,6 @@
-"""What the NxDI and TNx runners share: the installed library's version, where compiled artifacts live, the row
-order Neuron's KV cache needs, and the capabilities of on-device versus host sampling.
+"""What the NxDI and TNx runners share: the installed library's version, where compiled artifacts live and when to
+compile them, the model's config.json, the tokens of a fused speculative step, and the capabilities of on-device
+versus host sampling.
 
 Nothing here imports a Neuron library; the runners import theirs lazily, in `load()`.
 """
@@ -23,6 +24,8 @@ from neuronmodel_runtime.sampling.params import SamplingCapabilities
 
 #: vLLM's variable for a compiled-artifacts folder; honoured so that artifacts compiled for vLLM Neuron load here.
 COMPILED_ARTIFACTS_ENV = "NEURON_COMPILED_ARTIFACTS"
+#: Written last into an artifacts folder, with what was compiled: a folder without it is a partial compile.
+COMPILED_MARKER = ".neuronmodel-compiled.json"
 
 
 def import_library(framework: str, module: str, dist: str) -> tuple[ModuleType, str]:
@@ -64,18 +67,54 @@ def artifacts_dir(config: RuntimeConfig, framework: str, version: str, compiled:
     return cache_root(env) / "compiled" / f"{framework}-{version}" / digest
 
 
-def slot_order(slots: Sequence[int]) -> list[int]:
-    """Row indices sorted by slot. Neuron's token generation writes batch row i into KV line i, so rows go to the
-    device in slot order and come back through `restore`."""
-    return sorted(range(len(slots)), key=lambda i: slots[i])
+def must_compile(artifacts: Path, policy: str, library: str) -> bool:
+    """Whether to compile into `artifacts` (True) or load what is there (False), by compile_cache.policy: Always
+    compiles, IfNotCached compiles unless a complete compile is there, Never loads or fails.
+
+    Raises:
+        RunnerError: policy Never and no complete compile in `artifacts`.
+    """
+    complete = (artifacts / COMPILED_MARKER).is_file()
+    if policy == "Never" and not complete:
+        raise RunnerError(f"no compiled {library} artifacts at {artifacts} and compile_cache.policy is Never; compile "
+                          f"them first (policy IfNotCached) or point {COMPILED_ARTIFACTS_ENV} at them")
+    return policy == "Always" or not complete
 
 
-def restore(values: Sequence[Any], order: Sequence[int]) -> list[Any]:
-    """Undo `slot_order`: `values[j]` belongs to row `order[j]`."""
-    out: list[Any] = [None] * len(order)
-    for j, i in enumerate(order):
-        out[i] = values[j]
-    return out
+def begin_compile(artifacts: Path) -> None:
+    """The folder exists and is marked incomplete until `end_compile`."""
+    artifacts.mkdir(parents=True, exist_ok=True)
+    (artifacts / COMPILED_MARKER).unlink(missing_ok=True)
+
+
+def end_compile(artifacts: Path, record: Mapping[str, Any]) -> None:
+    (artifacts / COMPILED_MARKER).write_text(json.dumps(record, sort_keys=True, default=str))
+
+
+def compiled_record(artifacts: Path) -> Any:
+    """What `end_compile` recorded, as JSON data (None when unreadable)."""
+    try:
+        return json.loads((artifacts / COMPILED_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_model_config(path: Path, what: str) -> dict[str, Any]:
+    """A model folder's config.json as a dict; `what` names the setting in the error ("model")."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise RunnerError(f"{what}: cannot read {path / 'config.json'} ({exc}); it must be a Hugging Face model "
+                          "folder") from exc
+    if not isinstance(raw, dict):
+        raise RunnerError(f"{what}: {path / 'config.json'} must hold a JSON object")
+    return raw
+
+
+def first_tokens(rows: Sequence[Sequence[int]], counts: Sequence[int], wanted: Sequence[int]) -> list[list[int]]:
+    """Per row of a fused speculative step, its first `counts[i]` tokens (clamped to 1..width), at most wanted[i]:
+    the libraries pad the rest, and the padding is never read."""
+    return [list(row[: min(max(1, n), len(row), w)]) for row, n, w in zip(rows, counts, wanted)]
 
 
 def sampling_capabilities(framework: str, on_device: bool, global_top_k: int,
@@ -97,5 +136,6 @@ def sampling_capabilities(framework: str, on_device: bool, global_top_k: int,
     )
 
 
-__all__ = ["COMPILED_ARTIFACTS_ENV", "artifacts_dir", "import_library", "release_warning", "restore",
-           "sampling_capabilities", "slot_order"]
+__all__ = ["COMPILED_ARTIFACTS_ENV", "COMPILED_MARKER", "artifacts_dir", "begin_compile", "compiled_record",
+           "end_compile", "first_tokens", "import_library", "must_compile", "read_model_config", "release_warning",
+           "sampling_capabilities"]

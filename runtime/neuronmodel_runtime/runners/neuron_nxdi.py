@@ -54,10 +54,16 @@ from neuronmodel_runtime.runners.base import (
     RunnerCapacity,
     RunnerError,
     StepOutput,
+    check_slots,
 )
 from neuronmodel_runtime.runners.neuron_common import (
     artifacts_dir,
+    begin_compile,
+    end_compile,
+    first_tokens,
     import_library,
+    must_compile,
+    read_model_config,
     release_warning,
     sampling_capabilities,
 )
@@ -66,9 +72,6 @@ from neuronmodel_runtime.sampling.params import GREEDY, RowSampling
 from neuronmodel_runtime.sampling.tensors import sampling_tensor
 
 log = logging.getLogger(__name__)
-
-#: The file written last into an artifacts folder: without it a folder is a partial compile, never loaded.
-COMPILED_MARKER = ".neuronmodel-compiled.json"
 
 #: RuntimeConfig.dtype -> NeuronConfig.torch_dtype ("auto" is bfloat16 on Neuron, NxDI's own default).
 TORCH_DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
@@ -207,9 +210,7 @@ def fused_step_tokens(accepted: torch.Tensor, next_positions: torch.Tensor, posi
                       wanted: Sequence[int]) -> list[list[int]]:
     """Per row, the tokens of one fused step: the first next_pos - pos of `accepted` (1..s), at most wanted[i]."""
     counts = (next_positions.reshape(-1).to(torch.int64) - torch.tensor(positions, dtype=torch.int64)).tolist()
-    width = accepted.shape[1]
-    rows = accepted.to(torch.int64).tolist()
-    return [row[: min(max(1, n), width, w)] for row, n, w in zip(rows, counts, wanted)]
+    return first_tokens(accepted.to(torch.int64).tolist(), counts, wanted)
 
 
 class NxdiRunner(ModelRunner):
@@ -253,7 +254,7 @@ class NxdiRunner(ModelRunner):
         from neuronx_distributed_inference.utils.constants import MODEL_TYPES
         from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-        model_type = _model_type(self.model_path)
+        model_type = str(read_model_config(self.model_path, "model").get("model_type"))
         cls = model_class(MODEL_TYPES, model_type, version)
         eagle3 = cfg.speculation.mode == "eagle" and is_eagle3_draft(Path(str(cfg.speculation.draft_model)))
         if eagle3 and not release.has_eagle3:
@@ -262,11 +263,7 @@ class NxdiRunner(ModelRunner):
         kwargs = neuron_config_kwargs(cfg, eagle3)
         self.artifacts = artifacts_dir(cfg, "nxdi", version, {"neuron_config": kwargs, "model_type": model_type,
                                                                 "draft": cfg.speculation.draft_model})
-        if cfg.compile_cache.policy == "Always" or not (self.artifacts / COMPILED_MARKER).is_file():
-            if cfg.compile_cache.policy == "Never":
-                raise RunnerError(f"no compiled NxDI artifacts at {self.artifacts} and compile_cache.policy is "
-                                  "Never; compile them first (policy IfNotCached) or point NEURON_COMPILED_ARTIFACTS "
-                                  "at them")
+        if must_compile(self.artifacts, cfg.compile_cache.policy, "NxDI"):
             self._compile(cls, nxdi_config, load_pretrained_config, kwargs)
         self.model = cls(str(self.artifacts))
         self.model.load(str(self.artifacts), **load_ranks(cfg, self.node_rank))
@@ -280,11 +277,10 @@ class NxdiRunner(ModelRunner):
             config.fused_spec_config = self._fused_spec_config(cls, nxdi_config, load_pretrained_config,
                                                                neuron_config)
         assert self.artifacts is not None
-        self.artifacts.mkdir(parents=True, exist_ok=True)
-        (self.artifacts / COMPILED_MARKER).unlink(missing_ok=True)
+        begin_compile(self.artifacts)
         log.info("compiling for NxDI into %s (minutes to hours on Neuron)", self.artifacts)
         cls(str(self.model_path), config).compile(str(self.artifacts))
-        (self.artifacts / COMPILED_MARKER).write_text(json.dumps({"neuron_config": kwargs}, default=str))
+        end_compile(self.artifacts, {"neuron_config": kwargs})
         self.compiled_now = True
 
     def _fused_spec_config(self, cls: Any, nxdi_config: Any, load_pretrained_config: Any, target: Any) -> Any:
@@ -343,6 +339,7 @@ class NxdiRunner(ModelRunner):
     @torch.inference_mode()
     def prefill(self, batch: PrefillBatch) -> StepOutput:
         """One context-encoding call per prompt (ctx_batch_size 1), into the prompt's slot."""
+        check_slots(batch.slots, self.capacity().max_num_seqs)
         self.sampler.seed(batch.slots, batch.sampling)
         limit = self.capacity().max_context_length
         tokens: list[list[int]] = []
@@ -369,6 +366,7 @@ class NxdiRunner(ModelRunner):
         """Every slot in one token-generation call, in slot order (rows without a sequence this step are fillers);
         with fused speculation a row gets up to num_spec_tokens[i] + 1 tokens (only the first if it does not
         speculate this step)."""
+        check_slots(batch.slots, self.capacity().max_num_seqs)
         full = full_batch(batch, self.capacity().max_num_seqs, self._filler_position)
         out = self.model(
             input_ids=torch.tensor([[t] for t in full.last_tokens], dtype=torch.int32),
@@ -418,12 +416,5 @@ class NxdiRunner(ModelRunner):
         self.sampler.clear()
 
 
-def _model_type(model_path: Path) -> str:
-    try:
-        return str(json.loads((model_path / "config.json").read_text())["model_type"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise RunnerError(f"model: cannot read model_type from {model_path / 'config.json'} ({exc})") from exc
-
-
-__all__ = ["COMPILED_MARKER", "NxdiRunner", "Release", "device_sampling_tensor", "full_batch", "fused_step_tokens",
+__all__ = ["NxdiRunner", "Release", "device_sampling_tensor", "full_batch", "fused_step_tokens",
            "load_ranks", "model_class", "neuron_config_kwargs", "prompt_inputs", "speculation_length"]

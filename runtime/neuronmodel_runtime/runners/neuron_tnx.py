@@ -71,11 +71,18 @@ from neuronmodel_runtime.runners.base import (
     RunnerCapabilities,
     RunnerCapacity,
     RunnerError,
+    check_slots,
     StepOutput,
 )
 from neuronmodel_runtime.runners.neuron_common import (
     artifacts_dir,
+    begin_compile,
+    compiled_record,
+    end_compile,
+    first_tokens,
     import_library,
+    must_compile,
+    read_model_config,
     release_warning,
     sampling_capabilities,
 )
@@ -86,8 +93,6 @@ log = logging.getLogger(__name__)
 
 #: transformers-neuronx's end of support (AWS Neuron SDK announcement).
 END_OF_SUPPORT = "2025-09-16"
-#: The file written last into an artifacts folder: without it a folder is a partial compile, never loaded.
-COMPILED_MARKER = ".neuronmodel-compiled.json"
 #: RuntimeConfig.dtype -> TNx `amp` ("auto" is bfloat16 on Neuron).
 AMP = {"auto": "bf16", "bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 #: Speculation output padding: TNx overwrites every token equal to its pad_token_id, so it must be no token id.
@@ -178,7 +183,7 @@ def step_tokens(tokens: torch.Tensor, counts: torch.Tensor, lines: Sequence[int]
     """Per row, the first count tokens of its line's row of a fused step (at most wanted[i]); never the padding."""
     rows = tokens.to(torch.int64).tolist()
     numbers = counts.reshape(-1).to(torch.int64).tolist()
-    return [rows[line][: min(max(1, numbers[line]), len(rows[line]), w)] for line, w in zip(lines, wanted)]
+    return first_tokens([rows[line] for line in lines], [numbers[line] for line in lines], wanted)
 
 
 class TnxRunner(ModelRunner):
@@ -220,7 +225,7 @@ class TnxRunner(ModelRunner):
         if self.k and not cfg.sampling.on_device:
             raise RunnerError("speculation.mode draft/eagle on TNx needs sampling.on_device=true (its fused "
                               "speculators sample on the device); set it, or speculation.mode none")
-        raw = _read_model_config(self.model_path, "model")
+        raw = read_model_config(self.model_path, "model")
         _, version = import_library("tnx", "transformers_neuronx", "transformers-neuronx")
         self.version = version
         log.warning("%s (transformers-neuronx reached end of support on %s)", TNX_DEPRECATION, END_OF_SUPPORT)
@@ -237,7 +242,7 @@ class TnxRunner(ModelRunner):
         draft_cls, draft_path = None, None
         if self.k:
             draft_path = Path(str(cfg.speculation.draft_model))
-            draft_raw = _read_model_config(draft_path, "speculation.draft_model")
+            draft_raw = read_model_config(draft_path, "speculation.draft_model")
             is_eagle = bool(draft_raw.get("is_eagle", False))
             if is_eagle != self.eagle:
                 raise RunnerError(
@@ -260,35 +265,26 @@ class TnxRunner(ModelRunner):
         self.artifacts = artifacts_dir(cfg, "tnx", version, compiled)
         saved = self._saved_artifacts(compiled)
         if not saved:
-            self.artifacts.mkdir(parents=True, exist_ok=True)
-            (self.artifacts / COMPILED_MARKER).unlink(missing_ok=True)
+            begin_compile(self.artifacts)
             log.info("compiling for transformers-neuronx into %s (minutes to hours on Neuron)", self.artifacts)
         self.model = self._build(cls, self.model_path, compiled["target"], "target", saved)
         if self.k:
             assert draft_cls is not None and draft_path is not None
             self.draft = self._build(draft_cls, draft_path, compiled["draft_neuron_config"], "draft", saved)
         if not saved:
-            (self.artifacts / COMPILED_MARKER).write_text(json.dumps({"compiled": compiled}, default=str))
+            end_compile(self.artifacts, {"compiled": compiled})
             self.compiled_now = True
         if self.k:
             self._build_speculator()
 
     def _saved_artifacts(self, compiled: dict[str, Any]) -> bool:
-        """Whether to load compiled artifacts (True) or compile (False), by compile_cache.policy and the marker."""
+        """Whether to load compiled artifacts (True) or compile (False); artifacts of another configuration (the
+        folder NEURON_COMPILED_ARTIFACTS names can hold anything) are an error, never silently served."""
         assert self.artifacts is not None
-        policy = self.config.compile_cache.policy
-        marker = self.artifacts / COMPILED_MARKER
-        if policy == "Always" or not marker.is_file():
-            if policy == "Never":
-                raise RunnerError(f"no compiled transformers-neuronx artifacts at {self.artifacts} and "
-                                  "compile_cache.policy is Never; compile them first (policy IfNotCached) or point "
-                                  "NEURON_COMPILED_ARTIFACTS at them")
+        if must_compile(self.artifacts, self.config.compile_cache.policy, "transformers-neuronx"):
             return False
-        try:
-            have = json.loads(marker.read_text()).get("compiled")
-        except (OSError, ValueError):
-            have = None
-        if have != json.loads(json.dumps(compiled, default=str)):
+        have = (compiled_record(self.artifacts) or {}).get("compiled")
+        if have != json.loads(json.dumps(compiled, sort_keys=True, default=str)):
             raise RunnerError(f"the transformers-neuronx artifacts at {self.artifacts} were compiled for another "
                               "configuration; recompile (compile_cache.policy Always) or unset "
                               "NEURON_COMPILED_ARTIFACTS")
@@ -364,7 +360,7 @@ class TnxRunner(ModelRunner):
     def prefill(self, batch: PrefillBatch) -> StepOutput:
         """One context-encoding call per prompt, into the prompt's slot (its KV line)."""
         self._loaded()
-        self._check_slots(batch.slots)
+        check_slots(batch.slots, self.config.max_num_seqs)
         limit = self.buckets[-1]
         for prompt in batch.prompt_ids:
             if not 1 <= len(prompt) <= limit:
@@ -397,7 +393,7 @@ class TnxRunner(ModelRunner):
         """One token-generation call over every line; with fused speculation each row gets up to
         num_spec_tokens[i] + 1 tokens (only the first for rows that do not speculate this step)."""
         self._loaded()
-        self._check_slots(batch.slots)
+        check_slots(batch.slots, self.config.max_num_seqs)
         spec = list(batch.num_spec_tokens)
         if spec and self.speculator is None:
             raise ValueError(f"num_spec_tokens {spec}: this runner does not speculate (speculation.mode none)")
@@ -436,7 +432,8 @@ class TnxRunner(ModelRunner):
                          written_against=known_release is not None, end_of_support=END_OF_SUPPORT)
         if self.model is not None:
             facts.update(model_class=type(self.model).__name__,
-                         tp_degree=self.config.parallelism.tensor_parallel_degree, amp=AMP[self.config.dtype], n_positions=self.n_positions, context_buckets=list(self.buckets),
+                         tp_degree=self.config.parallelism.tensor_parallel_degree, amp=AMP[self.config.dtype],
+                         n_positions=self.n_positions, context_buckets=list(self.buckets),
                          artifacts=str(self.artifacts), compiled_now=self.compiled_now)
         if self.speculator is not None:
             facts.update(speculator=type(self.speculator).__name__, draft_class=type(self.draft).__name__,
@@ -452,10 +449,6 @@ class TnxRunner(ModelRunner):
     def _loaded(self) -> None:
         if self.model is None:
             raise RunnerError("the runner is not loaded: call load() first")
-
-    def _check_slots(self, slots: Sequence[int]) -> None:
-        if len(set(slots)) != len(slots) or not all(0 <= s < self.config.max_num_seqs for s in slots):
-            raise ValueError(f"slots {list(slots)} must be distinct and in [0, {self.config.max_num_seqs})")
 
     def _set_lines(self, slots: Sequence[int], rows: Sequence[RowSampling]) -> None:
         """Rewrite the device's per-line sampling lists when a slot's (top_k, top_p, temperature) changed."""
@@ -519,17 +512,6 @@ def _neuron_config(tnx_config: Any, kwargs: dict[str, Any]) -> Any:
     return tnx_config.NeuronConfig(**values)
 
 
-def _read_model_config(path: Path, what: str) -> dict[str, Any]:
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise RunnerError(f"{what}: cannot read {path / 'config.json'} ({exc}); it must be a Hugging Face model "
-                          "folder") from exc
-    if not isinstance(raw, dict):
-        raise RunnerError(f"{what}: {path / 'config.json'} must hold a JSON object")
-    return raw
-
-
-__all__ = ["AMP", "COMPILED_MARKER", "END_OF_SUPPORT", "PAD_TOKEN_ID", "TnxRunner", "chain_token_tree",
+__all__ = ["AMP", "END_OF_SUPPORT", "PAD_TOKEN_ID", "TnxRunner", "chain_token_tree",
            "context_buckets", "device_line", "device_top_k", "model_class", "neuron_config_kwargs",
            "sequence_length", "step_tokens"]

@@ -35,11 +35,12 @@ from neuronmodel_runtime.runners.base import (
     RunnerError,
     ScoreBatch,
     StepOutput,
+    check_slots,
 )
 from neuronmodel_runtime.runners.checkpoint import build_weights, read_config, read_tensors, resolve_dtype
 from neuronmodel_runtime.runners.llama import LlamaModel
-from neuronmodel_runtime.runners.vocabulary import vocabulary_mismatch
 from neuronmodel_runtime.runners.slot_sampler import SlotSampler
+from neuronmodel_runtime.runners.vocabulary import vocabulary_mismatch
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingCapabilities
 
 #: A prefill group grows while its padded size stays within this factor of its real tokens. Measured on 2 CPU
@@ -143,7 +144,7 @@ class TorchReferenceRunner(ModelRunner):
     @torch.inference_mode()
     def prefill(self, batch: PrefillBatch) -> StepOutput:
         model = self._model()
-        self._check_slots(batch.slots)
+        check_slots(batch.slots, self.config.max_num_seqs)
         lengths = [len(p) for p in batch.prompt_ids]
         if not all(1 <= n <= self.config.max_context_length for n in lengths):
             raise ValueError(f"prompt lengths {lengths} must be in [1, {self.config.max_context_length}]")
@@ -164,7 +165,7 @@ class TorchReferenceRunner(ModelRunner):
     @torch.inference_mode()
     def decode(self, batch: DecodeBatch) -> StepOutput:
         """Exactly one token per row (speculation is scored: see `score`)."""
-        self._check_slots(batch.slots)
+        check_slots(batch.slots, self.config.max_num_seqs)
         if any(batch.num_spec_tokens):
             raise ValueError("the torch runner speculates through score(), not fused decode")
         model = self._model()
@@ -180,7 +181,7 @@ class TorchReferenceRunner(ModelRunner):
     def score(self, batch: ScoreBatch) -> torch.Tensor:
         """Target logits at the last token and each draft, one forward per distinct k: `[B, k+1, V]`."""
         model = self._model()
-        self._check_slots(batch.slots)
+        check_slots(batch.slots, self.config.max_num_seqs)
         num_spec = [len(d) for d in batch.draft_tokens]
         if not all(1 <= k <= self.speculation_length for k in num_spec):
             raise ValueError(f"draft lengths {num_spec} must be in [1, {self.speculation_length}]")
@@ -223,10 +224,6 @@ class TorchReferenceRunner(ModelRunner):
         if self.model is None:
             raise RunnerError("the runner is not loaded: call load() first")
         return self.model
-
-    def _check_slots(self, slots: Sequence[int]) -> None:
-        if len(set(slots)) != len(slots) or not all(0 <= s < self.config.max_num_seqs for s in slots):
-            raise ValueError(f"slots {list(slots)} must be distinct and in [0, {self.config.max_num_seqs})")
 
     def _sample(
         self,
