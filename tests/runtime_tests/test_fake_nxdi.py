@@ -9,7 +9,6 @@ import importlib.metadata
 import importlib.util
 import inspect
 import logging
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +16,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from fake_neuron.install import install_nxdi  # noqa: E402
+from fake_neuron.tiny import DRAFT, TARGET  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-TARGET, DRAFT = ROOT / "tests/assets/tiny/target", ROOT / "tests/assets/tiny/draft"
 V03, V06, V08, V09, V10 = "0.3.5591", "0.6.10598", "0.8.16251", "0.9.17334", "0.10.17970"
 PROMPTS = [[48, 911, 7, 301, 95, 18], [3, 2048, 77, 560, 19, 4000, 5, 61, 640]]
 GREEDY = [1.0, 1.0, 1.0]

@@ -5,17 +5,14 @@ uses), and real tokens."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from fake_neuron.install_tnx import install_tnx  # noqa: E402
+from fake_neuron.install import install_tnx  # noqa: E402
+from fake_neuron.tiny import DRAFT, TARGET, hf_greedy  # noqa: E402
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny"
-TARGET, DRAFT = ASSETS / "target", ASSETS / "draft"
 PROMPT = [412, 27, 1021, 9, 300, 77, 5]
 B = 2
 
@@ -28,16 +25,6 @@ def tnx(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def hf():
     return transformers.AutoModelForCausalLM.from_pretrained(str(TARGET), dtype=torch.float32).eval()
-
-
-def hf_greedy(hf, ids: list[int], steps: int) -> list[int]:
-    """transformers' greedy continuation: the argmax of its logits at each step (no EOS handling: the tiny model's
-    EOS is an ordinary token here, as the runner emits it)."""
-    seq = list(ids)
-    with torch.inference_mode():
-        for _ in range(steps):
-            seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
 
 
 def generation(tnx, lines=None, **extra):

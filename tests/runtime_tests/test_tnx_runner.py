@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from fake_neuron.install import install_tnx  # noqa: E402
+from fake_neuron.tiny import DRAFT, TARGET, hf_greedy  # noqa: E402
 from neuronmodel_runtime.config import RuntimeConfig  # noqa: E402
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError  # noqa: E402
 from neuronmodel_runtime.runners.neuron_common import COMPILED_MARKER  # noqa: E402
@@ -22,8 +23,6 @@ from neuronmodel_runtime.runners.neuron_tnx import (  # noqa: E402
 from neuronmodel_runtime.sampling.params import GREEDY, RowSampling  # noqa: E402
 from runner_helpers import generate  # noqa: E402
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny"
-TARGET, DRAFT = ASSETS / "target", ASSETS / "draft"
 PROMPTS = [[412, 27, 1021, 9, 300, 77, 5], [88], [7, 1, 2048, 42, 42, 9, 30, 31, 5, 77, 64, 2, 3, 50, 600]]
 K = 3
 
@@ -64,16 +63,6 @@ def make(**overrides) -> TnxRunner:
     runner = TnxRunner(RuntimeConfig(**{**fields, **overrides}), str(TARGET))
     runner.load()
     return runner
-
-
-def hf_greedy(hf, ids: list[int], steps: int) -> list[int]:
-    """transformers' greedy continuation: the argmax of its logits at each step (no EOS handling: the tiny model's
-    EOS is an ordinary token here, as the runner emits it)."""
-    seq = list(ids)
-    with torch.inference_mode():
-        for _ in range(steps):
-            seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
 
 
 def decode_one(runner, slots, tokens, positions, rows=None, spec=()):

@@ -2,7 +2,7 @@
 SDK 2.22-2.25 shipped). Same module paths and public names as the real package for what the neuronmodel TNx runner
 uses; the rules the real code enforces are enforced here (each module names its source file); the numbers come from
 our reference Llama implementation on the CPU (`_backing.py`), so the tokens are real. Installed per test by
-`fake_neuron/install_tnx.py`."""
+`install_tnx` (fake_neuron/install.py)."""
 
 from transformers_neuronx.version import __version__  # noqa: F401
 from transformers_neuronx.constants import GQA, Layout  # noqa: F401

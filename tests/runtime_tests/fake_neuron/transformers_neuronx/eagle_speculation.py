@@ -42,46 +42,24 @@ class EagleSpeculativeDecoder(FusedSpeculativeBase):
         assert draft.neuron_config.use_2d_cache_ids, "We only support 2D cache ID. Set padding_side='right'."
         assert target.neuron_config.use_2d_cache_ids, "We only support 2D cache ID. Set padding_side='right'."
         assert token_tree is not None, "Need to provide a token tree."
-        self.draft = draft
-        self.target = target
         self.token_tree = token_tree
         self.k, self.depth = validate_token_tree(token_tree)
         self.width = max([1] + [len(v) for v in token_tree.values()])
         if self.width != 1:
             raise NotImplementedError("the contract fake computes chain token trees only")
-        self.pad_token_id = pad_token_id
-        self.eos_token_id = eos_token_id
-        self.output_scores = output_scores
         self.greedy = greedy
-        self.debug = debug
-        self.sampler = None
-        if simulation_acceptance_length is not None:
-            raise NotImplementedError("the contract fake does not simulate acceptance lengths")
-        self.neuron_config = self.target.neuron_config
-        self.tp_degree = self.target.decoder_lm_head.tp_degree
-        self.buckets = buckets if buckets is not None else self.target.decoder_lm_head.n_positions_list
-        self.batch_sizes = self.target.batch_sizes
-        self.max_position = self.buckets[-1]
-        self.vocab_size = self.target.config.vocab_size
-        self.speculator = None
-        self.hidden: Dict[int, torch.Tensor] = {}
+        self._init_common(draft, target, pad_token_id, eos_token_id, buckets, output_scores, debug,
+                          simulation_acceptance_length)
         self.cache_gather_indices: Dict[int, torch.Tensor] = {}
         self.cache_scatter_indices: Dict[int, torch.Tensor] = {}
-
-    def to_neuron(self, workers=None):
-        self._build(type(self).__name__)
 
     def update_generation_config(self, generation_config):
         self.draft.update_generation_config(generation_config)
         self.target.update_generation_config(generation_config)
 
     def speculative_iteration(self, input_ids: torch.Tensor, cache_ids: torch.Tensor, start_ids: torch.Tensor):
-        self._check_built()
-        batch_size, context_len = input_ids.shape
-        if cache_ids is None:
-            cache_ids = torch.arange(context_len).unsqueeze(0).expand(batch_size, context_len)
-        min_values_per_row, _ = torch.min(cache_ids, dim=-1)
-        if (min_values_per_row == 0).any():
+        batch_size, cache_ids, context_encoding = self._start_iteration(input_ids, cache_ids)
+        if context_encoding:
             target_next_id, hidden = self.target(input_ids, cache_ids, start_ids)
             if input_ids.shape[-1] > 1:  # skip draft ctx if the prompt length is 1
                 self.draft(input_ids[:, 1:], cache_ids=cache_ids[:, :-1], start_ids=start_ids, prev_hidden=hidden)

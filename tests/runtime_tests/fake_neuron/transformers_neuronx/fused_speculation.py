@@ -17,7 +17,7 @@ speculative_adjust_distribution / speculative_mask / speculative_token_selection
   by tokens[0, 0]. Rows come back in start_ids order (`postprocess_output`).
 """
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -54,17 +54,41 @@ class FusedSpeculativeBase(torch.nn.Module):
         assert target.decoder_lm_head.tp_degree == draft.decoder_lm_head.tp_degree, (
             "The target model and draft model must have the same tp degree.")
 
-    def _build(self, name: str) -> None:
+    def _init_common(self, draft, target, pad_token_id, eos_token_id, buckets, output_scores, debug,
+                     simulation_acceptance_length) -> None:
+        """The attributes both constructors set the same way, after their own checks."""
+        if simulation_acceptance_length is not None:
+            raise NotImplementedError("the contract fake does not simulate acceptance lengths")
+        self.draft, self.target = draft, target
+        self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
+        self.output_scores, self.debug, self.sampler = output_scores, debug, None
+        self.neuron_config = self.target.neuron_config
+        self.tp_degree = self.target.decoder_lm_head.tp_degree
+        self.buckets = buckets if buckets is not None else self.target.decoder_lm_head.n_positions_list
+        self.batch_sizes = self.target.batch_sizes
+        self.max_position = self.buckets[-1]
+        self.vocab_size = self.target.config.vocab_size
+        self.speculator = None
+        self.hidden: Dict[int, torch.Tensor] = {}
+
+    def to_neuron(self, workers=None):
         for model in (self.draft, self.target):
             if model.decoder_lm_head.program is None:  # valid_parameters of a model that has no weights on device
                 raise AttributeError("'NoneType' object has no attribute 'valid_parameters': to_neuron() the draft "
                                      "and the target first")
-        base.COMPILE_LOG.append(name)
+        base.COMPILE_LOG.append(type(self).__name__)
         self.speculator = True
 
-    def _check_built(self) -> None:
+    def _start_iteration(self, input_ids: torch.Tensor, cache_ids: Optional[torch.Tensor]):
+        """speculative_iteration's first lines in both decoders: (batch_size, cache_ids, whether any row's
+        min(cache_ids) == 0, i.e. a new request in continuous batching: context encoding)."""
         if self.speculator is None:
             raise AttributeError("'NoneType' object has no attribute 'execute': call to_neuron() first")
+        batch_size, context_len = input_ids.shape
+        if cache_ids is None:
+            cache_ids = torch.arange(context_len).unsqueeze(0).expand(batch_size, context_len)
+        min_values_per_row, _ = torch.min(cache_ids, dim=-1)
+        return batch_size, cache_ids, bool((min_values_per_row == 0).any())
 
 
 class FusedSpeculativeDecoder(FusedSpeculativeBase):
@@ -82,31 +106,13 @@ class FusedSpeculativeDecoder(FusedSpeculativeBase):
         if target.batch_sizes != [1]:
             assert target.neuron_config.padding_side == "right", (
                 "The target model must set padding_side as right for batch size > 1.")
-        if simulation_acceptance_length is not None:
-            raise NotImplementedError("the contract fake does not simulate acceptance lengths")
-        self.draft = draft
-        self.target = target
+        self._init_common(draft, target, pad_token_id, eos_token_id, buckets, output_scores, debug,
+                          simulation_acceptance_length)
         self.k = k
-        self.pad_token_id = pad_token_id
-        self.eos_token_id = eos_token_id
-        self.output_scores = output_scores
         self.deterministic_threshold = deterministic_threshold
-        self.debug = debug
-        self.sampler = None
-        self.neuron_config = self.target.neuron_config
-        self.tp_degree = self.target.decoder_lm_head.tp_degree
-        self.buckets = buckets if buckets is not None else self.target.decoder_lm_head.n_positions_list
-        self.batch_sizes = self.target.batch_sizes
-        self.max_position = self.buckets[-1]
-        self.vocab_size = self.target.config.vocab_size
         self.is_eagle = self.draft.neuron_config.is_eagle_draft and self.target.neuron_config.is_eagle_target
         if self.is_eagle:
             raise NotImplementedError("the contract fake computes EAGLE with EagleSpeculativeDecoder only")
-        self.speculator = None
-        self.hidden = {}
-
-    def to_neuron(self, workers=None):
-        self._build(type(self).__name__)
 
     def update_generation_config(self, generation_config):
         if self.draft.neuron_config.on_device_generation.dynamic:
@@ -114,12 +120,8 @@ class FusedSpeculativeDecoder(FusedSpeculativeBase):
         self.target.update_generation_config(generation_config)
 
     def speculative_iteration(self, input_ids: torch.Tensor, cache_ids: torch.Tensor, start_ids: torch.Tensor):
-        self._check_built()
-        batch_size, context_len = input_ids.shape
-        if cache_ids is None:
-            cache_ids = torch.arange(context_len).unsqueeze(0).expand(batch_size, context_len)
-        min_values_per_row, _ = torch.min(cache_ids, dim=-1)
-        if (min_values_per_row == 0).any():  # a new request in continuous batching: context encoding
+        batch_size, cache_ids, context_encoding = self._start_iteration(input_ids, cache_ids)
+        if context_encoding:
             target_next_id = self.target(input_ids, cache_ids, start_ids).reshape(batch_size, -1)
             self.draft(input_ids, cache_ids, start_ids)
             return target_next_id, torch.tensor([[1]] * batch_size)
