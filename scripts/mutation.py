@@ -39,6 +39,7 @@ BUILDERS = ("tests/operator_tests/test_builders.py",)
 CRD = ("tests/operator_tests/test_crd.py",)
 RECONCILE = ("tests/operator_tests/test_reconcile.py",)
 NXDI_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "nxdi")
+TNX_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "tnx")
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,34 @@ MUTATIONS += [
         "sampling_params=device_sampling_tensor(list(batch.sampling) + [GREEDY] * (len(full.slots) - "
         "len(batch.slots)), self.global_top_k),",
         NXDI_SUITE,
+    ),
+]
+
+MUTATIONS += [
+    Mutation(
+        "tnx: lines without a row fed at position 0 (TNx writes them: a resting sequence loses its first K/V)",
+        "runners/neuron_tnx.py",
+        "cache = torch.full((lines, 1), self.config.max_model_len - 1, dtype=torch.int32)",
+        "cache = torch.zeros((lines, 1), dtype=torch.int32)",
+        TNX_SUITE,
+    ),
+    Mutation(
+        "tnx: per-line sampling never pushed to the device", "runners/neuron_tnx.py",
+        "if self._lines[slot] != line:",
+        "if self._lines[slot] is None:",
+        TNX_SUITE,
+    ),
+    Mutation(
+        "tnx: every token of a fused step kept (the counts ignored)", "runners/neuron_tnx.py",
+        "return first_tokens([rows[line] for line in lines], [numbers[line] for line in lines], wanted)",
+        "return first_tokens([rows[line] for line in lines], [len(rows[line]) for line in lines], wanted)",
+        TNX_SUITE,
+    ),
+    Mutation(
+        "tnx: a one-token prompt sent unpadded (TNx runs it as token generation)", "runners/neuron_tnx.py",
+        "ids = list(prompt) + [0] * (2 - len(prompt)) if len(prompt) < 2 else list(prompt)",
+        "ids = list(prompt)",
+        TNX_SUITE,
     ),
 ]
 

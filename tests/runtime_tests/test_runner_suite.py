@@ -35,7 +35,7 @@ def _install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, runner: str) -> st
 
         install_nxdi(monkeypatch, version, tmp_path / "site")
     elif framework == "tnx":
-        from fake_neuron.install_tnx import install_tnx
+        from fake_neuron.install import install_tnx
 
         install_tnx(monkeypatch, tmp_path / "site", version)
     return framework

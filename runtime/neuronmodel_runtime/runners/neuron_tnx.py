@@ -71,8 +71,8 @@ from neuronmodel_runtime.runners.base import (
     RunnerCapabilities,
     RunnerCapacity,
     RunnerError,
-    check_slots,
     StepOutput,
+    check_slots,
 )
 from neuronmodel_runtime.runners.neuron_common import (
     artifacts_dir,
