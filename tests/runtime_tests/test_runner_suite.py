@@ -132,6 +132,7 @@ def test_decoding_some_slots_leaves_the_other_slots_sequences_intact(build, refe
     for _ in range(len(long)):  # slot 0 alone, through positions the resting slot 2 holds
         last = runner.decode(DecodeBatch([0], [last], [position], [GREEDY])).token_ids[0][0]
         position += 1
+    runner.prefill(PrefillBatch([1], [short[:1]], [GREEDY]))  # a one-token prompt into another slot
     resumed, position = [first[1][0]], len(long)
     for _ in range(5):
         resumed.append(runner.decode(DecodeBatch([2], [resumed[-1]], [position], [GREEDY])).token_ids[0][0])
