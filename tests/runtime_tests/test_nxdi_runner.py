@@ -157,3 +157,16 @@ def test_what_nxdi_cannot_serve_is_refused_at_load(nxdi):
         loaded(config(speculation=SPEC, sampling={"on_device": False}))
     with pytest.raises(RunnerError, match="multi-node"):
         loaded(config(parallelism={"tensor_parallel_degree": 2, "nodes": 2}))
+
+
+@pytest.mark.parametrize("version", ["0.3.5591", "0.6.10598", "0.9.17334"])
+@pytest.mark.parametrize("speculation", [{}, SPEC, {**SPEC, "mode": "eagle"}], ids=["plain", "draft", "eagle"])
+def test_every_neuron_config_keyword_is_one_the_release_knows(nxdi, caplog, version, speculation):
+    """NxDI only warns about an unknown NeuronConfig keyword and ignores it: a keyword a release lacks would be a
+    setting silently not applied."""
+    nxdi(version)
+    from neuronx_distributed_inference.models.config import NeuronConfig
+
+    with caplog.at_level(logging.WARNING):
+        NeuronConfig(**neuron_config_kwargs(config(speculation=speculation) if speculation else config()))
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
