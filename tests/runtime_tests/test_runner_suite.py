@@ -267,3 +267,24 @@ def test_runner_info_names_the_framework_and_release(build):
         assert info[framework] == version and info["written_against"] is True
         assert info["compiled_now"] is True
     json.dumps(info)
+
+
+@pytest.mark.parametrize("speculating", [False, True], ids=["plain", "speculating"])
+def test_selftest_passes_with_the_selected_framework(build, capsys, speculating):
+    """What a user runs on a Neuron pod, here on each runner (the fakes for the Neuron ones): every check passes,
+    and the Neuron runners' compiled artifacts make the round trip."""
+    from neuronmodel_runtime import cli
+
+    build(max_model_len=64)  # installs the runner's library; selftest then selects it like a pod would
+    framework = build.runner.partition("-")[0]
+    argv = ["selftest", "--model", str(TARGET), "--framework", framework, "--max-num-seqs", "4",
+            "--max-model-len", "64", "--max-context-length", "32", "--dtype", "float32", "--tokens", "10"]
+    if speculating:
+        argv += ["--speculation-mode", "draft", "--draft-model", str(DRAFT), "--num-speculative-tokens", "3"]
+    assert cli.main(argv) == 0, capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    results = {line.split()[1]: line.split()[0] for line in lines if line.split()[0] in ("pass", "FAIL", "skip")}
+    expected_artifacts = "skip" if framework == "torch" else "pass"
+    expected_sampled = "skip" if speculating and framework == "nxdi" else "pass"
+    assert results == {"greedy": "pass", "sampled": expected_sampled, "speculation": "pass" if speculating else "skip",
+                       "compiled": expected_artifacts}, "\n".join(lines)
