@@ -63,6 +63,13 @@ def test_the_neuron_config_of_a_runtime_config():
     assert eagle["enable_eagle_speculation"] is True and eagle["is_eagle3"] is True
 
 
+def test_the_logical_neuron_core_config_is_part_of_the_compiled_shape():
+    assert neuron_config_kwargs(config(), env={"NEURON_LOGICAL_NC_CONFIG": "2"})["logical_nc_config"] == 2
+    assert "logical_nc_config" not in neuron_config_kwargs(config(), env={})
+    with pytest.raises(RunnerError, match="NEURON_LOGICAL_NC_CONFIG='4'"):
+        neuron_config_kwargs(config(), env={"NEURON_LOGICAL_NC_CONFIG": "4"})
+
+
 def test_multi_node_ranks_split_the_tensor_parallel_degree():
     cfg = config(parallelism={"tensor_parallel_degree": 64, "nodes": 2})
     assert neuron_config_kwargs(cfg)["tp_degree"] == 64
@@ -167,6 +174,7 @@ def test_every_neuron_config_keyword_is_one_the_release_knows(nxdi, caplog, vers
     nxdi(version)
     from neuronx_distributed_inference.models.config import NeuronConfig
 
+    cfg = config(speculation=speculation) if speculation else config()
     with caplog.at_level(logging.WARNING):
-        NeuronConfig(**neuron_config_kwargs(config(speculation=speculation) if speculation else config()))
+        NeuronConfig(**neuron_config_kwargs(cfg, env={"NEURON_LOGICAL_NC_CONFIG": "1"}))
     assert not caplog.records, [r.getMessage() for r in caplog.records]

@@ -38,9 +38,10 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -101,13 +102,20 @@ def speculation_length(config: RuntimeConfig) -> int:
     return spec.num_speculative_tokens + 1 if spec.mode in ("draft", "eagle") else 0
 
 
-def neuron_config_kwargs(config: RuntimeConfig, eagle3: bool = False) -> dict[str, Any]:
+#: The logical NeuronCore config of the node (trn2: 1 or 2), set by the operator; NxDI reads it before any kwarg.
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+
+
+def neuron_config_kwargs(config: RuntimeConfig, eagle3: bool = False,
+                         env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The NeuronConfig keyword arguments of this RuntimeConfig (pure; the desired compiled shape).
 
     The compiled sequence is max_model_len + k long: a fused step writes k positions past a row's last token
     even when only its first token is kept, so the last k positions of a line are scratch. Every kwarg here exists
     with the same meaning in every release 0.3-0.10 (`models/config.py`), except is_eagle3 (0.7+), which `load`
-    refuses on older releases rather than let NxDI ignore it.
+    refuses on older releases rather than let NxDI ignore it. The logical NeuronCore config comes from
+    $NEURON_LOGICAL_NC_CONFIG (which NxDI would read anyway): passed explicitly, it is part of the artifacts' digest,
+    since it changes the compiled graphs.
     """
     s = speculation_length(config)
     kwargs: dict[str, Any] = {
@@ -137,6 +145,10 @@ def neuron_config_kwargs(config: RuntimeConfig, eagle3: bool = False) -> dict[st
             kwargs["enable_eagle_speculation"] = True
             if eagle3:
                 kwargs["is_eagle3"] = True
+    if env.get(LNC_ENV):
+        if env[LNC_ENV] not in ("1", "2"):
+            raise RunnerError(f"{LNC_ENV}={env[LNC_ENV]!r}: the logical NeuronCore config is 1 or 2")
+        kwargs["logical_nc_config"] = int(env[LNC_ENV])
     nodes = config.parallelism.nodes
     if nodes > 1:
         kwargs["local_ranks_size"] = config.parallelism.tensor_parallel_degree // nodes
