@@ -142,19 +142,25 @@ def test_decoding_some_slots_leaves_the_other_slots_sequences_intact(build, refe
 
 def test_per_request_sampling_is_honoured_row_by_row(build, reference):
     """In one batch: a top_k=1 row at a high temperature is greedy; a top_k=2 row only ever emits one of the two most
-    likely tokens (under transformers); a temperature-2 row with the full vocabulary leaves the greedy path."""
+    likely tokens (under transformers); a temperature-2 row with the full vocabulary leaves the greedy path; rows
+    without a top-k limit draw from the global top-k by their temperature (a near-zero one follows greedy)."""
     engine = build().engine
     prompt = encode(reference, PROMPTS[2])
     rows = [SamplingParams(temperature=1.7, top_k=1, max_tokens=STEPS, ignore_eos=True),
             SamplingParams(temperature=1.0, top_k=2, max_tokens=STEPS, ignore_eos=True),
             SamplingParams(temperature=2.0, top_k=-1, max_tokens=STEPS, ignore_eos=True),
-            SamplingParams(temperature=0.7, top_k=-1, max_tokens=STEPS, ignore_eos=True)]
-    top1, top2, hot, cool = run(engine, [prompt] * 4, rows)
+            SamplingParams(temperature=0.7, top_k=-1, max_tokens=STEPS, ignore_eos=True),
+            SamplingParams(temperature=0.02, top_k=-1, max_tokens=STEPS, ignore_eos=True)]
+    # "1 2 3 4 5" has a top-2 logit gap >= 0.57 at each of its greedy steps: at temperature 0.02 (gap / T > 28) a
+    # sampled row follows the greedy path, unless its temperature or top-k were not applied as sent.
+    counting = encode(reference, PROMPTS[3])
+    top1, top2, hot, cool, cold = run(engine, [prompt] * 4 + [counting], rows)
     assert top1 == hf_greedy(reference, prompt)
     assert all(t in best for t, best in zip(top2, hf_top(reference, prompt, top2, 2))), top2
     assert hot != top1  # 12 tokens at temperature 2 over 4096 tokens: equal to greedy only if sampling was ignored
     # No per-request limit still means the global top-k (256 of 4096 tokens), never a uniform draw over the vocabulary
     assert all(t in best for t, best in zip(cool, hf_top(reference, prompt, cool, 256))), cool
+    assert cold == hf_greedy(reference, counting)
 
 
 def hf_top(reference: Any, prompt: list[int], generated: list[int], k: int) -> list[list[int]]:
