@@ -1,4 +1,5 @@
-"""`neuronmodel-runtime`: serve | fetch | info | selftest. Parses the RuntimeConfig at the edge and wires the parts."""
+"""`neuronmodel-runtime`: serve | compile | fetch | info | selftest. Parses the RuntimeConfig at the edge and wires
+the parts."""
 
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", parents=[common], help="serve the OpenAI-compatible HTTP API")
     sub.add_parser("info", parents=[common], help="print framework detection and the effective config as JSON")
+    sub.add_parser("compile", parents=[common], help="compile the model's artifacts into compile_cache.url (or find "
+                   "them there) without serving: the operator's compile Job; prints a JSON summary")
     st = sub.add_parser("selftest", parents=[common], help="check this runtime on this host: greedy, sampled and "
                         "speculative generation and the compiled artifacts' round trip; prints a pass/fail table")
     st.add_argument("--tokens", type=int, default=16, help="tokens generated per prompt")
@@ -211,6 +214,8 @@ def _start(args: argparse.Namespace) -> Callable[[], int]:
         if (model_folder(config) / "config.json").is_file():  # the effective config: with the model's limits
             config = with_model_limits(config)
         return functools.partial(_info, config)
+    if args.command == "compile":
+        return functools.partial(_compile, _compile_runner_factory(config))
     if args.command == "selftest":
         return functools.partial(_selftest, _load_engine(config, own_thread=True), with_model_limits(config),
                                  args.tokens)
@@ -221,6 +226,34 @@ def _start(args: argparse.Namespace) -> Callable[[], int]:
 
     config = with_model_limits(config)  # as build_engine resolved it: /v1/info reports the lengths served
     return functools.partial(serve, create_app(engine, config), config)
+
+
+def _compile_runner_factory(config: RuntimeConfig) -> Callable[[], Any]:
+    """What `compile` needs before it works: a valid config, a framework, a model folder; a policy that compiles."""
+    from neuronmodel_runtime.runners.registry import create_runner
+
+    if config.compile_cache.policy == "Never":
+        raise ConfigError(f"{named('compile_cache.policy')} is Never, which never compiles: the compile command "
+                          "needs IfNotCached (compile on a miss) or Always (recompile)")
+    selection = select_framework(config.framework, detect_frameworks())
+    for warning in selection.warnings:
+        log.warning(warning)
+    path = model_path_of(config)
+    config = resolve_model_limits(config, read_model_config(path))
+    return lambda: create_runner(selection.framework, config, str(path))
+
+
+def _compile(make_runner: Callable[[], Any]) -> int:
+    """`compile`: one JSON line on success (exit 0); a failure is one line on stderr (exit 1: the Job retries)."""
+    from neuronmodel_runtime.compile_job import CompileFailed, run_compile
+
+    try:
+        summary = run_compile(make_runner)
+    except (*STARTUP_ERRORS, CompileFailed) as exc:
+        print("neuronmodel-runtime compile: " + " ".join(str(exc).split()), file=sys.stderr)
+        return 1
+    print(json.dumps(summary))
+    return 0
 
 
 def _fetch(source: str, dest: str, revision: Optional[str]) -> int:

@@ -14,7 +14,7 @@ import pytest
 from fake_neuron.install import install_nxdi
 from neuronmodel_runtime.config import load_config
 from neuronmodel_runtime.runners.base import RunnerError
-from neuronmodel_runtime.runners.neuron_common import COMPILED_MARKER
+from neuronmodel_runtime.cache import LOCAL_MARKER
 from neuronmodel_runtime.runners.neuron_nxdi import (
     NxdiRunner,
     load_ranks,
@@ -83,12 +83,13 @@ def test_compiles_once_then_loads_the_artifacts(nxdi):
 
     first = loaded(config())
     assert first.info()["compiled_now"] is True and model_base.COMPILES == 1
-    assert (Path(first.info()["artifacts"]) / COMPILED_MARKER).is_file()
+    folder = Path(first.info()["artifacts"]["folder"])
+    assert (folder / LOCAL_MARKER).is_file() and (folder / "model.pt").is_file()
     second = loaded(config())
     assert second.info()["compiled_now"] is False and model_base.COMPILES == 1
-    assert second.info()["artifacts"] == first.info()["artifacts"]
+    assert second.info()["artifacts"]["folder"] == str(folder) and second.info()["artifacts"]["source"] == "local"
     other = loaded(config(max_num_seqs=2))  # another compiled shape: another folder
-    assert other.info()["artifacts"] != first.info()["artifacts"] and model_base.COMPILES == 2
+    assert other.info()["artifacts"]["folder"] != str(folder) and model_base.COMPILES == 2
     assert library.__version__.startswith("0.9")
 
 
@@ -96,21 +97,35 @@ def test_a_partial_compile_is_never_loaded_and_policies_are_honoured(nxdi, monke
     nxdi()
     from neuronx_distributed_inference.models import model_base
 
-    folder = Path(loaded(config()).info()["artifacts"])
-    (folder / COMPILED_MARKER).unlink()  # as if the compile had been interrupted
+    folder = Path(loaded(config()).info()["artifacts"]["folder"])
+    (folder / LOCAL_MARKER).unlink()  # as if the compile had been interrupted
     assert loaded(config()).info()["compiled_now"] is True and model_base.COMPILES == 2
     assert loaded(config(compile_cache={"policy": "Always"})).info()["compiled_now"] is True
     shutil.rmtree(folder)
-    with pytest.raises(RunnerError, match="no compiled NxDI artifacts at .* compile_cache.policy is Never"):
+    with pytest.raises(RunnerError, match="no compiled artifacts for key .* compile_cache.policy is Never"):
         loaded(config(compile_cache={"policy": "Never"}))
 
 
-def test_artifacts_compiled_for_another_shape_are_refused(nxdi, monkeypatch, tmp_path):
+def test_a_folder_holding_another_shape_is_recompiled_never_served(nxdi, monkeypatch, tmp_path):
     nxdi()
     monkeypatch.setenv("NEURON_COMPILED_ARTIFACTS", str(tmp_path / "shared"))
     loaded(config(max_num_seqs=2))
-    with pytest.raises(RunnerError, match="compiled with batch_size=2, this config needs 4"):
-        loaded(config())
+    runner = loaded(config())
+    assert runner.info()["compiled_now"] is True and runner.capacity().max_num_seqs == 4
+
+
+def test_compile_writes_the_artifacts_into_the_store_without_loading(nxdi, tmp_path):
+    nxdi()
+    from neuronx_distributed_inference.models import model_base
+
+    stored = config(compile_cache={"url": str(tmp_path / "pvc"), "policy": "IfNotCached"})
+    artifacts = NxdiRunner(stored, str(TINY / "target")).compile()
+    assert artifacts.outcome.compiled and model_base.COMPILES == 1
+    entry = tmp_path / "pvc" / artifacts.key.digest
+    assert (entry / "manifest.json").is_file() and (entry / "model.pt").is_file()
+    shutil.rmtree(artifacts.folder)  # a new pod: nothing local
+    serving = loaded(config(compile_cache={"url": str(tmp_path / "pvc"), "policy": "Never"}))
+    assert serving.info()["artifacts"]["source"] == "store" and model_base.COMPILES == 1
 
 
 def test_an_unsupported_model_type_lists_what_the_release_serves(nxdi, tmp_path):

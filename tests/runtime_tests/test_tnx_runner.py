@@ -17,7 +17,7 @@ from fake_neuron.install import install_tnx  # noqa: E402
 from fake_neuron.tiny import DRAFT, TARGET, hf_greedy  # noqa: E402
 from neuronmodel_runtime.config import RuntimeConfig  # noqa: E402
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError  # noqa: E402
-from neuronmodel_runtime.runners.neuron_common import COMPILED_MARKER  # noqa: E402
+from neuronmodel_runtime.cache import LOCAL_MARKER  # noqa: E402
 from neuronmodel_runtime.runners.neuron_tnx import (  # noqa: E402
     TnxRunner, chain_token_tree, context_buckets, device_line)
 from neuronmodel_runtime.sampling.params import GREEDY, RowSampling  # noqa: E402
@@ -212,10 +212,11 @@ def test_a_draft_of_the_wrong_kind_is_refused(tnx, eagle_draft):
 def test_compiles_once_then_loads_the_saved_artifacts(tnx, hf, tmp_path, monkeypatch):
     first = make()
     assert first.info()["compiled_now"] is True and tnx.base.COMPILE_LOG == ["LlamaForSampling"]
-    assert (Path(first.info()["artifacts"]) / COMPILED_MARKER).is_file()
-    assert str(first.artifacts).startswith(str(tmp_path / "cache"))
+    folder = Path(first.info()["artifacts"]["folder"])
+    assert (folder / LOCAL_MARKER).is_file() and (folder / "target").is_dir()
+    assert str(folder).startswith(str(tmp_path / "cache"))
     second = make()
-    assert second.info()["compiled_now"] is False
+    assert second.info()["compiled_now"] is False and second.info()["artifacts"]["source"] == "local"
     assert tnx.base.COMPILE_LOG == ["LlamaForSampling"] and tnx.base.LOAD_LOG == ["LlamaForSampling"]
     assert generate(second, [1], [PROMPTS[0]], steps=6) == [hf_greedy(hf, PROMPTS[0], 6)]
     make(compile_cache={"policy": "Always"})
@@ -224,9 +225,9 @@ def test_compiles_once_then_loads_the_saved_artifacts(tnx, hf, tmp_path, monkeyp
     monkeypatch.setenv("NEURON_COMPILED_ARTIFACTS", str(tmp_path / "neffs"))
     with pytest.raises(RunnerError, match="policy is Never"):
         make(compile_cache={"policy": "Never"})
-    assert make().artifacts == tmp_path / "neffs" and make().compiled_now is False
-    with pytest.raises(RunnerError, match="compiled for another configuration"):
-        make(max_num_seqs=2)
+    assert make().artifacts.folder == tmp_path / "neffs" and make().info()["compiled_now"] is False
+    assert make(max_num_seqs=2).info()["compiled_now"] is True  # another shape's folder is recompiled, never served
+    assert make().info()["compiled_now"] is True
 
 
 # --- capabilities, capacity, errors ---------------------------------------------------------------------------------

@@ -128,10 +128,19 @@ class ModelRunner(ABC):
 
     #: Framework name reported in /v1/info and metrics: "torch", "nxdi" or "tnx".
     framework: str = ""
+    #: After load() or compile(): the compiled artifacts (`compiled_artifacts.Artifacts`), None if it compiles nothing.
+    artifacts: Any = None
 
     @abstractmethod
     def load(self) -> None:
         """Load (and compile, for Neuron) the model; heavy, called once before serving."""
+
+    def compile(self) -> Any:
+        """`neuronmodel-runtime compile` (the compile Job): make this config's compiled artifacts exist, locally and
+        in compile_cache.url, and return them (None: this runner compiles nothing). The default loads, for runners
+        that compile only while loading; a runner that can compile without its devices overrides it."""
+        self.load()
+        return self.artifacts
 
     @abstractmethod
     def capacity(self) -> RunnerCapacity:

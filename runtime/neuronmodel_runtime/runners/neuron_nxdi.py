@@ -10,7 +10,8 @@ How NxDI is driven (as vLLM's NxDI integration, PR #16357 and the fix #18279, an
 - one `NeuronConfig` from the RuntimeConfig (`neuron_config_kwargs`, pure): batch_size = slots, continuous batching
   with ctx_batch_size 1, dynamic on-device sampling unless `sampling.on_device` is false; `InferenceConfig` through
   the model class's own config class and `load_pretrained_config`; the model class from NxDI's `MODEL_TYPES`.
-- compile once into an artifacts folder (`neuron_common.artifacts_dir`), then `cls(folder).load(folder)`: the loaded
+- compile once into an artifacts folder (`compiled_artifacts.prepare_artifacts`: found there, fetched from the
+  shared store, or compiled and stored), then `cls(folder).load(folder)`: the loaded
   `neuron_config.json` is what serves, so the capacity is read back from it.
 - `forward` by keyword, int32 ids. Prefill is one row per call (ctx_batch_size 1; `models/model_base.py` runs
   context encoding iff `position_ids.min() == 0`). NxDI pads a prompt to its bucket with position 1 and reads the
@@ -57,13 +58,10 @@ from neuronmodel_runtime.runners.base import (
     StepOutput,
     check_slots,
 )
+from neuronmodel_runtime.runners.compiled_artifacts import Artifacts, prepare_artifacts
 from neuronmodel_runtime.runners.neuron_common import (
-    artifacts_dir,
-    begin_compile,
-    end_compile,
     first_tokens,
     import_library,
-    must_compile,
     read_model_config,
     release_warning,
     sampling_capabilities,
@@ -239,8 +237,8 @@ class NxdiRunner(ModelRunner):
         self.sampler = SlotSampler(self.global_top_k, torch.device("cpu"))  # host sampling only
         self.model: Any = None
         self.library: Optional[Release] = None  # the installed NxDI, known after load()
-        self.artifacts: Optional[Path] = None
-        self.compiled_now = False  # this start compiled (True) or loaded compiled artifacts (False)
+        self.artifacts: Optional[Artifacts] = None  # the compiled model's folder and how it got there
+        self._cls: Any = None  # NxDI's application class of the model
         self._capacity: Optional[RunnerCapacity] = None
         self._next_position: dict[int, int] = {}  # slot -> position its next token will be written at
 
@@ -257,7 +255,22 @@ class NxdiRunner(ModelRunner):
         if self.k and not cfg.sampling.on_device:
             raise RunnerError("speculation.mode draft/eagle on NxDI needs sampling.on_device=true (NxDI's fused "
                               "speculation samples on the device); set it, or speculation.mode none")
-        library, version = import_library("nxdi", "neuronx_distributed_inference", "neuronx-distributed-inference")
+        self._cls, kwargs = self._prepare()
+        assert self.artifacts is not None
+        self.model = self._cls(str(self.artifacts.folder))
+        self.model.load(str(self.artifacts.folder), **load_ranks(cfg, self.node_rank))
+        self._capacity = self._read_capacity(kwargs)
+
+    def compile(self) -> Artifacts:
+        """The compile Job: the artifacts compiled (or found) and stored, without loading onto the devices."""
+        self._prepare()
+        assert self.artifacts is not None
+        return self.artifacts
+
+    def _prepare(self) -> tuple[Any, dict[str, Any]]:
+        """Import NxDI, choose the class, build the NeuronConfig kwargs, and make the compiled artifacts ready."""
+        cfg = self.config
+        _, version = import_library("nxdi", "neuronx_distributed_inference", "neuronx-distributed-inference")
         self.library = release = Release.of(version)
         warning = release_warning("nxdi", version)
         if warning:
@@ -273,27 +286,19 @@ class NxdiRunner(ModelRunner):
             raise RunnerError(f"speculation.draft_model is an EAGLE3 draft, which NxDI {version} cannot serve "
                               "(is_eagle3 arrived with NxDI 0.7, SDK 2.27); use an EAGLE (v1) draft or a newer image")
         kwargs = neuron_config_kwargs(cfg, eagle3)
-        self.artifacts = artifacts_dir(cfg, "nxdi", version, {"neuron_config": kwargs, "model_type": model_type,
-                                                                "draft": cfg.speculation.draft_model})
-        if must_compile(self.artifacts, cfg.compile_cache.policy, "NxDI"):
-            self._compile(cls, nxdi_config, load_pretrained_config, kwargs)
-        self.model = cls(str(self.artifacts))
-        self.model.load(str(self.artifacts), **load_ranks(cfg, self.node_rank))
-        self._capacity = self._read_capacity(kwargs)
 
-    def _compile(self, cls: Any, nxdi_config: Any, load_pretrained_config: Any, kwargs: dict[str, Any]) -> None:
-        cfg = self.config
-        neuron_config = cls.get_neuron_config_cls()(**copy.deepcopy(kwargs))
-        config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(self.model_path)))
-        if self.k:
-            config.fused_spec_config = self._fused_spec_config(cls, nxdi_config, load_pretrained_config,
-                                                               neuron_config)
-        assert self.artifacts is not None
-        begin_compile(self.artifacts)
-        log.info("compiling for NxDI into %s (minutes to hours on Neuron)", self.artifacts)
-        cls(str(self.model_path), config).compile(str(self.artifacts))
-        end_compile(self.artifacts, {"neuron_config": kwargs})
-        self.compiled_now = True
+        def compile_into(folder: Path) -> None:
+            neuron_config = cls.get_neuron_config_cls()(**copy.deepcopy(kwargs))
+            config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(self.model_path)))
+            if self.k:
+                config.fused_spec_config = self._fused_spec_config(cls, nxdi_config, load_pretrained_config,
+                                                                   neuron_config)
+            log.info("compiling for NxDI %s into %s (minutes to hours on Neuron)", version, folder)
+            cls(str(self.model_path), config).compile(str(folder))
+
+        self.artifacts = prepare_artifacts(cfg, self.model_path, "nxdi", version,
+                                           {"neuron_config": kwargs, "model_type": model_type}, compile_into)
+        return cls, kwargs
 
     def _fused_spec_config(self, cls: Any, nxdi_config: Any, load_pretrained_config: Any, target: Any) -> Any:
         """The draft's config, by NxDI's recipe (inference_demo, vLLM's loader): a copy of the target's neuron
@@ -318,7 +323,8 @@ class NxdiRunner(ModelRunner):
         for name in ("tp_degree", "batch_size", "max_context_length", "seq_len", "speculation_length"):
             have = getattr(nc, name, 0)
             if have != wanted.get(name, 0):
-                raise RunnerError(f"the NxDI artifacts at {self.artifacts} were compiled with {name}={have}, this "
+                folder = self.artifacts.folder if self.artifacts else None
+                raise RunnerError(f"the NxDI artifacts at {folder} were compiled with {name}={have}, this "
                                   f"config needs {wanted.get(name, 0)}; recompile (compile_cache.policy Always) or "
                                   "unset NEURON_COMPILED_ARTIFACTS")
         vocab = int(getattr(self.model.config, "vocab_size", 0))
@@ -419,8 +425,9 @@ class NxdiRunner(ModelRunner):
         if self.model is not None:
             nc = self.model.config.neuron_config
             facts.update(model_class=type(self.model).__name__, tp_degree=nc.tp_degree,
-                         dtype=str(nc.torch_dtype).removeprefix("torch."), artifacts=str(self.artifacts),
-                         compiled_now=self.compiled_now)
+                         dtype=str(nc.torch_dtype).removeprefix("torch."))
+        if self.artifacts is not None:
+            facts.update(artifacts=self.artifacts.info(), compiled_now=self.artifacts.outcome.compiled)
         return facts
 
     def shutdown(self) -> None:

@@ -74,14 +74,10 @@ from neuronmodel_runtime.runners.base import (
     StepOutput,
     check_slots,
 )
+from neuronmodel_runtime.runners.compiled_artifacts import Artifacts, prepare_artifacts
 from neuronmodel_runtime.runners.neuron_common import (
-    artifacts_dir,
-    begin_compile,
-    compiled_record,
-    end_compile,
     first_tokens,
     import_library,
-    must_compile,
     read_model_config,
     release_warning,
     sampling_capabilities,
@@ -205,8 +201,7 @@ class TnxRunner(ModelRunner):
         self.draft: Any = None
         self.speculator: Any = None  # FusedSpeculativeDecoder / EagleSpeculativeDecoder
         self.generation_config_cls: Any = None
-        self.artifacts: Optional[Path] = None
-        self.compiled_now = False  # this start compiled the models (True) or loaded saved artifacts (False)
+        self.artifacts: Optional[Artifacts] = None  # the compiled models' folder and how it got there
         self.vocab_size = 0
         self.top_k = config.sampling.global_top_k  # the compiled global top-k, known after load()
         self._lines = [GREEDY_LINE] * config.max_num_seqs  # the per-line sampling on the device now
@@ -262,41 +257,28 @@ class TnxRunner(ModelRunner):
             "target": neuron_config_kwargs(cfg, self.vocab_size, "target"),
             "draft_neuron_config": neuron_config_kwargs(cfg, self.vocab_size, "draft") if self.k else None,
         }
-        self.artifacts = artifacts_dir(cfg, "tnx", version, compiled)
-        saved = self._saved_artifacts(compiled)
-        if not saved:
-            begin_compile(self.artifacts)
-            log.info("compiling for transformers-neuronx into %s (minutes to hours on Neuron)", self.artifacts)
-        self.model = self._build(cls, self.model_path, compiled["target"], "target", saved)
-        if self.k:
-            assert draft_cls is not None and draft_path is not None
-            self.draft = self._build(draft_cls, draft_path, compiled["draft_neuron_config"], "draft", saved)
-        if not saved:
-            end_compile(self.artifacts, {"compiled": compiled})
-            self.compiled_now = True
+        draft_kwargs = compiled["draft_neuron_config"]
+
+        def compile_into(folder: Path) -> None:  # TNx compiles while it loads: the models stay loaded
+            log.info("compiling for transformers-neuronx %s into %s (minutes to hours on Neuron)", version, folder)
+            self.model = self._build(cls, self.model_path, compiled["target"], folder / "target", saved=False)
+            if draft_cls is not None and draft_path is not None:
+                self.draft = self._build(draft_cls, draft_path, draft_kwargs, folder / "draft", saved=False)
+
+        self.artifacts = prepare_artifacts(cfg, self.model_path, "tnx", version, compiled, compile_into)
+        if not self.artifacts.outcome.compiled:
+            folder = self.artifacts.folder
+            self.model = self._build(cls, self.model_path, compiled["target"], folder / "target", saved=True)
+            if draft_cls is not None and draft_path is not None:
+                self.draft = self._build(draft_cls, draft_path, draft_kwargs, folder / "draft", saved=True)
         if self.k:
             self._build_speculator()
 
-    def _saved_artifacts(self, compiled: dict[str, Any]) -> bool:
-        """Whether to load compiled artifacts (True) or compile (False); artifacts of another configuration (the
-        folder NEURON_COMPILED_ARTIFACTS names can hold anything) are an error, never silently served."""
-        assert self.artifacts is not None
-        if must_compile(self.artifacts, self.config.compile_cache.policy, "transformers-neuronx"):
-            return False
-        have = (compiled_record(self.artifacts) or {}).get("compiled")
-        if have != json.loads(json.dumps(compiled, sort_keys=True, default=str)):
-            raise RunnerError(f"the transformers-neuronx artifacts at {self.artifacts} were compiled for another "
-                              "configuration; recompile (compile_cache.policy Always) or unset "
-                              "NEURON_COMPILED_ARTIFACTS")
-        return True
-
-    def _build(self, cls: Any, path: Path, kwargs: dict[str, Any], name: str, saved: bool) -> Any:
+    def _build(self, cls: Any, path: Path, kwargs: dict[str, Any], folder: Path, saved: bool) -> Any:
         """from_pretrained, then load(folder) + to_neuron() (saved) or to_neuron() + save(folder) (base.py)."""
         from transformers_neuronx import config as tnx_config
 
         cfg = self.config
-        assert self.artifacts is not None
-        folder = self.artifacts / name
         model = cls.from_pretrained(
             str(path),
             batch_size=cfg.max_num_seqs,
@@ -311,7 +293,7 @@ class TnxRunner(ModelRunner):
             try:
                 model.to_neuron()
             except FileNotFoundError as exc:
-                raise RunnerError(f"the {name} artifacts at {folder} do not match this model ({exc}); recompile "
+                raise RunnerError(f"the artifacts at {folder} do not match this model ({exc}); recompile "
                                   "(compile_cache.policy Always)") from exc
         else:
             model.to_neuron()
@@ -434,7 +416,9 @@ class TnxRunner(ModelRunner):
             facts.update(model_class=type(self.model).__name__,
                          tp_degree=self.config.parallelism.tensor_parallel_degree, amp=AMP[self.config.dtype],
                          n_positions=self.n_positions, context_buckets=list(self.buckets),
-                         artifacts=str(self.artifacts), compiled_now=self.compiled_now)
+                         )
+        if self.artifacts is not None:
+            facts.update(artifacts=self.artifacts.info(), compiled_now=self.artifacts.outcome.compiled)
         if self.speculator is not None:
             facts.update(speculator=type(self.speculator).__name__, draft_class=type(self.draft).__name__,
                          speculation_k=self.k)
