@@ -8,6 +8,7 @@ import errno
 import functools
 import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -28,6 +29,7 @@ from neuronmodel_runtime.config import (
 from neuronmodel_runtime.fetch import FetchError, fetch
 from neuronmodel_runtime.frameworks import FrameworkError, detect_frameworks, report, select_framework
 from neuronmodel_runtime.runners.base import RunnerError
+from neuronmodel_runtime.runners.compiled_artifacts import neuron_compile_cache
 
 log = logging.getLogger("neuronmodel_runtime")
 
@@ -121,12 +123,14 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
         log.warning(warning)
     path = model_path_of(config)
     config = resolve_model_limits(config, read_model_config(path))
+    os.environ.update(neuron_compile_cache(config))
     log.info("framework %s %s (%s); loading %s", selection.framework, selection.version, selection.reason, path)
     started = time.monotonic()
     runner = create_runner(selection.framework, config, str(path))
     runner.load()
+    load_s = time.monotonic() - started
     tokenizer = load_tokenizer(path)
-    log.info("model loaded in %.1f s: %s", time.monotonic() - started, json.dumps(runner.info()))
+    log.info("model loaded in %.1f s: %s", load_s, json.dumps(runner.info()))
     engine = Engine(
         runner,
         tokenizer,
@@ -142,7 +146,7 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
         model_name=config.server.served_model_name or path.name,
         max_queue=config.server.max_queue,
         info={"framework": report(config.framework, detection), "speculation": config.speculation.model_dump(),
-              "capabilities": runner.capabilities().info()},
+              "capabilities": runner.capabilities().info(), "startup": {"load_s": round(load_s, 3)}},
         own_thread=own_thread,
     )
 
@@ -240,6 +244,7 @@ def _compile_runner_factory(config: RuntimeConfig) -> Callable[[], Any]:
         log.warning(warning)
     path = model_path_of(config)
     config = resolve_model_limits(config, read_model_config(path))
+    os.environ.update(neuron_compile_cache(config))
     return lambda: create_runner(selection.framework, config, str(path))
 
 

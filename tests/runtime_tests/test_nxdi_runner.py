@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def config(**overrides):
 def nxdi(monkeypatch, tmp_path):
     """Factory: version -> the fake of that release installed; NEURONMODEL_CACHE in tmp_path."""
     monkeypatch.setenv("NEURONMODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", "/var/tmp/neuron-compile-cache")  # restored after the test
     monkeypatch.delenv("NEURON_COMPILED_ARTIFACTS", raising=False)
     return lambda version="0.9.17334": install_nxdi(monkeypatch, version, tmp_path / "site")
 
@@ -193,3 +195,24 @@ def test_every_neuron_config_keyword_is_one_the_release_knows(nxdi, caplog, vers
     with caplog.at_level(logging.WARNING):
         NeuronConfig(**neuron_config_kwargs(cfg, env={"NEURON_LOGICAL_NC_CONFIG": "1"}))
     assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+async def test_how_the_artifacts_were_got_is_in_info_and_metrics(nxdi, tmp_path):
+    import httpx
+
+    from neuronmodel_runtime.cli import build_engine
+    from neuronmodel_runtime.server.app import create_app
+
+    nxdi()
+    cfg = config(compile_cache={"url": str(tmp_path / "pvc")})
+    for expected_hit in (0.0, 1.0):
+        app = create_app(build_engine(cfg), cfg)
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+                info = (await client.get("/v1/info")).json()
+                metrics = (await client.get("/metrics")).text
+        artifacts = info["runner"]["artifacts"]
+        assert artifacts["hit"] is bool(expected_hit) and artifacts["compile_s"] >= 0
+        assert f'neuronmodel:artifacts_cache_hit{{model_name="target"}} {expected_hit}' in metrics
+        assert "neuronmodel:startup_load_seconds" in metrics and info["startup"]["load_s"] > 0
+    assert os.environ["NEURON_COMPILE_CACHE_URL"] == str(tmp_path / "pvc") + "/neuronx-cc"

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 #: vLLM's variable for a compiled-artifacts folder; when set, it is this host's folder for them.
 COMPILED_ARTIFACTS_ENV = "NEURON_COMPILED_ARTIFACTS"
+#: neuronx-cc's persistent cache (NEFFs by HLO hash; a path or s3://), read by libneuronxla at each compile.
+NEURON_CACHE_ENV = "NEURON_COMPILE_CACHE_URL"
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,14 @@ class Artifacts:
     def info(self) -> dict[str, Any]:
         """For runner.info() and /v1/info."""
         return {"folder": str(self.folder), **asdict(self.outcome)}
+
+
+def neuron_compile_cache(config: RuntimeConfig) -> dict[str, str]:
+    """The environment that points neuronx-cc's own persistent cache into the store, `<compile_cache.url>/neuronx-cc`,
+    so that graphs compiled by any pod or Job (the NEFFs NxDI and TNx compile) are shared too; empty without a
+    store. Set before a Neuron library is imported (the CLI does)."""
+    url = config.compile_cache.url
+    return {NEURON_CACHE_ENV: url.rstrip("/") + "/neuronx-cc"} if url else {}
 
 
 def local_folder(key: CacheKey, framework: str, version: str, env: Mapping[str, str] = os.environ) -> Path:
@@ -68,4 +78,5 @@ def prepare_artifacts(config: RuntimeConfig, model_dir: Path, framework: str, ve
     return Artifacts(folder, key, outcome)
 
 
-__all__ = ["COMPILED_ARTIFACTS_ENV", "Artifacts", "local_folder", "prepare_artifacts"]
+__all__ = ["COMPILED_ARTIFACTS_ENV", "NEURON_CACHE_ENV", "Artifacts", "local_folder", "neuron_compile_cache",
+           "prepare_artifacts"]

@@ -83,6 +83,30 @@ def _framework_labels(info: dict[str, Any]) -> tuple[str, str]:
     return str(framework), str(selected.get("version") or "")
 
 
+def _startup_gauges(info: dict[str, Any], model_name: str) -> list[GaugeMetricFamily]:
+    """How this process got ready (from `AsyncEngine.info()`): load seconds, and where the compiled artifacts came
+    from and what compiling or fetching them cost (runners that compile only), for the operator's status."""
+    startup = info.get("startup") or {}
+    artifacts = (info.get("runner") or {}).get("artifacts") or {}
+    values = [
+        ("neuronmodel:startup_load_seconds", "Seconds the runner took to load, compile or fetch included.",
+         startup.get("load_s")),
+        ("neuronmodel:artifacts_compile_seconds", "Seconds this start spent compiling (0 on a cache hit).",
+         artifacts.get("compile_s")),
+        ("neuronmodel:artifacts_fetch_seconds", "Seconds this start spent fetching compiled artifacts from the store.",
+         artifacts.get("fetch_s")),
+        ("neuronmodel:artifacts_cache_hit", "1: the compiled artifacts were found (locally or in the store); 0: "
+         "compiled at this start.", None if not artifacts else float(bool(artifacts.get("hit")))),
+    ]
+    out = []
+    for name, doc, value in values:
+        if value is not None:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model_name], float(value))
+            out.append(family)
+    return out
+
+
 class Metrics:
     """One app's registry: the engine collector, the info gauge and the per-request histograms."""
 
@@ -100,6 +124,8 @@ class Metrics:
         )
         info.add_metric([framework, version, model_name], 1)
         self.registry.register(_Static(info))
+        for family in _startup_gauges(engine.info(), model_name):
+            self.registry.register(_Static(family))
         labels = ["model_name"]
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds", "Time to first token.", labels, registry=self.registry,
