@@ -44,6 +44,7 @@ ANNOTATION_SERVED_SPEC = f"{GROUP}/served-spec"  # on the Deployment: the spec i
 # Environment of the operator process (the chart sets them).
 ENV_RUNTIME_IMAGE = "NEURONMODEL_RUNTIME_IMAGE"  # default spec.image
 ENV_HPA_METRIC = "NEURONMODEL_HPA_METRIC"  # default spec.autoscaling.metric
+ENV_INSTANCE_FAMILY = "NEURONMODEL_INSTANCE_FAMILY"  # set on runtime pods: the family artifacts are compiled for
 DEFAULT_HPA_METRIC = "vllm:num_requests_waiting"  # as prometheus-adapter exposes vLLM's metric
 
 SERVER_PORT_NAME = "http"

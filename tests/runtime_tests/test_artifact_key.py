@@ -53,3 +53,10 @@ def test_versions_target_lnc_and_parallelism_are_in_the_inputs(tmp_path):
     other_compiler = key_inputs(config, TARGET, "nxdi", "0.9.17334", {"batch_size": 8},
                                 detection=host(**{"neuronx-cc": "2.26.6360.0"}), env={}, memo_dir=tmp_path)
     assert other_compiler["versions"] != bare["versions"]
+
+
+def test_the_operator_sets_the_variable_the_key_reads():
+    from neuronmodel_operator import api
+    from neuronmodel_runtime.artifact_key import INSTANCE_FAMILY_ENV
+
+    assert api.ENV_INSTANCE_FAMILY == INSTANCE_FAMILY_ENV

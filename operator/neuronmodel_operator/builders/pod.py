@@ -77,6 +77,8 @@ def _env(target: Target) -> list[dict[str, Any]]:
     env = []
     if target.spec.server.api_key_secret_ref is not None:
         env.append(_secret_env("NEURONMODEL_API_KEY", target.spec.server.api_key_secret_ref))
+    if target.resolved.instance_family is not None:  # part of the compiled artifacts' cache key (the target)
+        env.append({"name": api.ENV_INSTANCE_FAMILY, "value": target.resolved.instance_family})
     if target.resolved.logical_core_config is not None:
         env.append({"name": "NEURON_LOGICAL_NC_CONFIG", "value": str(target.resolved.logical_core_config)})
     env += [{"name": "NEURONMODEL_CACHE", "value": CACHE_DIR},
