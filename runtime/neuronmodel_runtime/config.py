@@ -132,6 +132,11 @@ class RuntimeConfig(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto | float32 | bfloat16 | float16; auto is float32 on CPU and bfloat16 on accelerators."
     )
+    compile: bool = Field(
+        False,
+        description="Run the reference model as fixed-shape compiled graphs (torch.compile) as Neuron does: full-batch "
+        "decode, prefill length buckets; off by default for the CPU quickstart.",
+    )
     max_num_seqs: int = Field(
         8, ge=1, le=1024, description="Batch slots, each owning one KV-cache line (Neuron's compiled batch size)."
     )

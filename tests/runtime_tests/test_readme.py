@@ -50,6 +50,8 @@ COVERED_ELSEWHERE = {
     "kubectl apply -f crds/samples/tiny-torch.yaml": "tests/integration/test_operator.py",
     "kubectl get nm": "tests/integration/test_operator.py",
     "kubectl scale nm tiny-torch --replicas=2": "tests/integration/test_operator.py",
+    # the compile Job's command, on the NxDI fake with a filesystem store
+    "neuronmodel-runtime compile --config /etc/neuronmodel/config.json": "tests/runtime_tests/test_compile_job.py",
 }
 
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}

@@ -1,0 +1,561 @@
+"""The reference model as fixed-shape compiled graphs, as Neuron compiles them (`RuntimeConfig.compile`).
+
+Neuron runs a model only in the shapes it was compiled for; so does `FixedShapeModel`, with `torch.compile`
+(inductor, `dynamic=False`, one full graph per shape) over the same `LlamaModel` weights and KV cache:
+
+- decode: ONE graph at the full slot batch `[max_num_seqs, 1]`, row i in KV line i (NxDI's token generation). A
+  slot without a row this step gets a filler row (token 0) at its next free position, as the NxDI runner sends
+  them: its own next step writes that position before anything reads it (see `_filler_position`).
+- prefill: one graph per context-encoding bucket `[1, b]` (NxDI's buckets: powers of two from 128 up to
+  max_context_length, `context_buckets`), one prompt per call, right-padded to the smallest bucket that holds it;
+  the pads sit after the prompt, so causal attention never lets a real token see them, and the logits are taken at
+  the last real token only.
+- verify (scored speculation): one graph at `[max_num_seqs, k+1]`, full batch as well: each speculating row feeds
+  its last token and its drafts (padded to k+1), the other slots are fillers. The draft model uses the same graph to
+  catch up on several tokens at once, and the decode and prefill graphs otherwise.
+
+Every graph attends over the whole KV line (`[slots, KV, L, hd]` read in place, masked by position), as a compiled
+Neuron graph does, where eager decoding reads only the positions written so far. The line is `max_model_len + k`
+long: a verify row writes k+1 positions (pads included) and a filler row's pads need room at the end of the line.
+
+In float32 on the CPU the linear layers run on oneDNN with each weight packed once at load (`packed_linear`: twice
+the matmul speed of the default kernels at decode batch sizes there), and the attention over whole lines is written so
+that inductor fuses it into kernels reading each line once (`_line_attention`).
+
+Sampling stays outside the graphs (`SlotSampler`): the graphs return logits. Each graph gets its own copy of the
+Python code object, so dynamo keeps exactly one compiled entry per graph (no recompile limit shared between
+graphs or models), and serving runs under `fail_on_recompile`: a shape that was not compiled at load is an error,
+never a silent compile.
+
+The compiled-graph artifacts are torch's portable compile-cache artifacts (`torch.compiler.save_cache_artifacts`),
+with the weights converted to the serving dtype beside them (`save_weights` / `load_weights`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import re
+import shutil
+import tarfile
+import time
+import types
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from neuronmodel_runtime.runners.llama import LayerWeights, LlamaConfig, LlamaModel, LlamaWeights, _rotate, rms_norm
+
+log = logging.getLogger(__name__)
+
+#: The compiler's stance while serving: a call the compiled graphs do not cover raises instead of compiling.
+COMPILED_STANCE = "fail_on_recompile"
+#: NxDI's smallest context-encoding bucket (`generate_buckets(128, max_context_length)`).
+MIN_CONTEXT_BUCKET = 128
+
+
+def context_buckets(max_context_length: int, smallest: int = MIN_CONTEXT_BUCKET) -> list[int]:
+    """NxDI's context-encoding buckets (`modules/autobucketing.generate_buckets`): powers of two from `smallest`
+    below max_context_length, then max_context_length itself; just [max_context_length] when it is the smaller."""
+    if smallest >= max_context_length:
+        return [max_context_length]
+    low, high = int(math.log2(smallest)), round(math.log2(max_context_length))
+    return [2**i for i in range(low, high)] + [max_context_length]  # round: never [.., 512, 513]
+
+
+# --- linear layers on pre-packed weights (CPU) -----------------------------------------------------------------
+
+#: Weight (data_ptr, shape, stride, dtype) -> the same weight reordered for oneDNN, made by `pack_weights`.
+_PACKED: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+def _weight_key(weight: torch.Tensor) -> tuple[Any, ...]:
+    return (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), weight.dtype)
+
+
+@torch.library.custom_op("neuronmodel::linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`F.linear` on the oneDNN-packed copy of `weight` (`pack_weights`), or plain F.linear where it has none.
+
+    An opaque op to inductor, so the graph calls it with the dense weight and the packed copy is looked up here.
+    Why: in float32 at decode batch sizes, oneDNN on a packed weight reads it about twice as fast as the default
+    matmul (MKL) does on this project's CPU machines, and inductor packs weights only when it freezes them into the
+    graph as constants, which its FX-graph cache (our compiled artifact) does not hold.
+    """
+    packed = _PACKED.get(_weight_key(weight))
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN packing serves float32 on the CPU (the CPU quickstart's dtype); elsewhere the graphs use F.linear."""
+    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+def pack_weights(weights: LlamaWeights, batch_hint: int) -> int:
+    """Pack every matrix of `weights` for `packed_linear` (a second copy of each); returns the bytes packed. Each
+    entry goes when its dense weight is freed."""
+    matrices = [weights.lm_head] + [m for layer in weights.layers for m in (layer.qkv, layer.o, layer.gate_up,
+                                                                             layer.down)]
+    packed = 0
+    for matrix in matrices:
+        key = _weight_key(matrix)
+        if key not in _PACKED:
+            _PACKED[key] = torch.ops.mkldnn._reorder_linear_weight(matrix, batch_hint)
+            weakref.finalize(matrix, _PACKED.pop, key, None)
+            packed += matrix.numel() * matrix.element_size()
+    return packed
+
+
+@dataclass(frozen=True)
+class Traced:
+    """What a graph function receives: the model, and whether its linear layers run on packed weights."""
+
+    model: LlamaModel
+    packed: bool
+
+
+def _linear(t: Traced, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return packed_linear(x, weight, bias) if t.packed else F.linear(x, weight, bias)
+
+
+# --- the graphs ------------------------------------------------------------------------------------------------
+# Plain functions of (model, tensors): compiled once per shape, each from its own code object (`_own_code`).
+
+
+def _line_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of `[B, T, H, hd]` queries over whole KV lines `[B, KV, L, hd]`, masked by `[B, 1, T, L]`; returns
+    `[B, H, T, hd]`, softmax in float32.
+
+    The G = H / KV query heads of a KV head are grouped against it (transformers' repeat_kv order), so GQA needs no
+    copy of the lines, and both products are written as broadcast sums, which inductor fuses into kernels that read
+    each line once (measured on SmolLM2's decode shapes: 1.6x faster than two batched matmuls, 1.4x than SDPA)."""
+    batch, length, heads, hd = q.shape
+    kv_heads, line = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    qg = q.transpose(1, 2).reshape(batch, kv_heads, group * length, hd)  # [B, KV, G*T, hd]
+    scores = (qg[:, :, :, None, :] * keys[:, :, None]).sum(-1).float() * (hd ** -0.5)  # [B, KV, G*T, L]
+    allowed = mask.expand(batch, group, length, line).reshape(batch, 1, group * length, line)
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).to(q.dtype)  # [B, KV, G*T, L]
+    out = (probs[..., None] * values[:, :, None]).sum(-2)  # [B, KV, G*T, hd]
+    return out.reshape(batch, heads, length, hd)
+
+
+def _decoder(t: Traced, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, fresh: bool) -> torch.Tensor:
+    """`[B, T]` tokens of lines `slots` `[B]` at positions `pos` `[B, T]` -> hidden states `[B, T, D]`.
+
+    fresh: every row starts at position 0 (prefill): attend causally over this call's K/V; otherwise attend over
+    the whole line, masked to the positions at or before each token's own.
+    """
+    model = t.model
+    cfg, w = model.config, model.weights
+    batch, length = tokens.shape
+    heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    cos, sin = model.cos[pos][:, :, None], model.sin[pos][:, :, None]  # [B, T, 1, hd]
+    slot_bt = slots[:, None].expand(batch, length)  # [B, T]
+    mask = None
+    if not fresh:
+        mask = (torch.arange(model.max_len, device=tokens.device) <= pos[:, :, None])[:, None]  # [B, 1, T, L]
+    x = F.embedding(tokens, w.embed)  # [B, T, D]
+    for i, layer in enumerate(w.layers):
+        h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
+        qkv = _linear(t, h, layer.qkv, layer.qkv_bias)  # [B, T, (H + 2KV) * hd]
+        qk = _rotate(qkv[..., : (heads + kv_heads) * hd].view(batch, length, heads + kv_heads, hd), cos, sin)
+        q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
+        v = qkv[..., (heads + kv_heads) * hd :].view(batch, length, kv_heads, hd)  # [B, T, KV, hd]
+        # NOTE: written through the whole [layers, S, KV, L, hd] cache with the layer as an index, not through the
+        # view k_cache[i]: inductor then updates the cache in place; writing into the view makes it copy the whole
+        # cache every step (measured: 6x slower decode on the tiny model).
+        layer_bt = torch.full_like(slot_bt, i)
+        model.k_cache[layer_bt, slot_bt, :, pos] = k
+        model.v_cache[layer_bt, slot_bt, :, pos] = v
+        if fresh:
+            attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=True, enable_gqa=heads != kv_heads)  # [B, H, T, hd]
+        else:
+            assert mask is not None
+            attn = _line_attention(q, model.k_cache[i], model.v_cache[i], mask)  # [B, H, T, hd]
+        x = x + _linear(t, attn.transpose(1, 2).reshape(batch, length, heads * hd), layer.o, layer.o_bias)
+        gate, up = _linear(t, rms_norm(x, layer.post_norm, cfg.rms_norm_eps), layer.gate_up).chunk(2, dim=-1)
+        x = x + _linear(t, F.silu(gate) * up, layer.down)
+    return x
+
+
+def _logits(t: Traced, hidden: torch.Tensor) -> torch.Tensor:
+    """`LlamaModel.logits` through `_linear`."""
+    w = t.model.weights
+    return _linear(t, rms_norm(hidden, w.norm, t.model.config.rms_norm_eps), w.lm_head)
+
+
+def _prefill_graph(t: Traced, tokens: torch.Tensor, slot: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """One prompt right-padded to its bucket: tokens `[1, b]` into line `slot` `[1]` at 0..b-1; logits at the last
+    real token `last` `[1]`: `[1, V]`."""
+    pos = torch.arange(tokens.shape[1], device=tokens.device)[None]  # [1, b]
+    hidden = _decoder(t, tokens, slot, pos, fresh=True)  # [1, b, D]
+    return _logits(t, hidden[0, last])  # [1, V]
+
+
+def _decode_graph(t: Traced, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Every slot, in slot order: tokens `[S, 1]` at positions `[S, 1]` of line i -> logits `[S, V]`."""
+    slots = torch.arange(tokens.shape[0], device=tokens.device)
+    return _logits(t, _decoder(t, tokens, slots, positions, fresh=False)[:, 0])
+
+
+def _verify_graph(t: Traced, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """Every slot: tokens `[S, W]` at start[i] .. start[i]+W-1 of line i -> logits at every position `[S, W, V]`."""
+    slots = torch.arange(tokens.shape[0], device=tokens.device)
+    pos = start[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [S, W]
+    return _logits(t, _decoder(t, tokens, slots, pos, fresh=False))
+
+
+def _own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A copy of `fn` with its own code object. Dynamo keeps compiled entries per code object (and gives up after
+    `recompile_limit` of them): one code object per graph keeps every graph a single, first-try cache entry."""
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def compile_counters() -> dict[str, int]:
+    """Process-wide counts of dynamo graph compiles and inductor FX-graph / AOTAutograd cache hits and misses."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
+    }
+
+
+def counters_since(before: dict[str, int]) -> dict[str, int]:
+    now = compile_counters()
+    return {name: now[name] - before.get(name, 0) for name in now}
+
+
+#: A C++ kernel in inductor's cache: `<2 characters of its key>/<key>[.main].so`.
+_KERNEL = re.compile(r"^[a-z0-9]{2}/[a-z0-9]+(\.[a-z]+)?\.so$")
+
+
+@contextlib.contextmanager
+def kernels_into(path: Path) -> Iterator[None]:
+    """Compile inside: in a fresh inductor cache, whose compiled C++ kernels end up in the tar file `path`.
+
+    torch's portable cache artifacts hold the graphs' generated code but not their compiled C++ kernels, which a
+    cache hit on another machine would build again (most of a CPU compile's time); these are shipped beside them.
+    A fresh cache, so that every kernel the graphs use is built here and lands in the file."""
+    from torch._inductor.utils import fresh_cache
+
+    with fresh_cache():
+        yield
+        root = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        with tarfile.open(path, "w") as tar:
+            for kernel in sorted(root.glob("*/*.so")):
+                tar.add(kernel, arcname=kernel.relative_to(root).as_posix())
+
+
+def install_kernels(path: Path) -> int:
+    """Put the kernels of the tar file `path` (from `kernels_into`) into this process's inductor cache where they
+    are missing, so that the cached graphs load without running the C++ compiler; returns how many it put there.
+
+    Raises:
+        ValueError: the file holds something else than kernels.
+    """
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir())
+    installed = 0
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            if not member.isfile() or not _KERNEL.match(member.name):
+                raise ValueError(f"{path}: {member.name!r} is not a compiled kernel")
+            target = root / member.name
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+            source = tar.extractfile(member)
+            assert source is not None
+            with source, partial.open("wb") as out:
+                shutil.copyfileobj(source, out)
+            partial.chmod(0o755)
+            os.replace(partial, target)  # whole or absent, for a concurrent process
+            installed += 1
+    return installed
+
+
+@contextlib.contextmanager
+def scoped_cache_artifacts() -> Iterator[None]:
+    """Inside, `torch.compiler.save_cache_artifacts()` returns only what was compiled (or loaded) inside: one
+    runner's artifacts, not every graph this process ever compiled (a private torch API; without it, all)."""
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+    except ImportError:  # pragma: no cover - older or newer torch
+        yield
+        return
+    with CacheArtifactManager.with_fresh_cache():
+        yield
+
+
+class FixedShapeModel:
+    """A `LlamaModel` served only through its compiled fixed-shape graphs.
+
+    The model's KV cache must be `max_model_len + verify_width - 1` positions long (`cache_length`). Also a
+    `spec_decode.draft.SlotModel` (`last_logits`), so a draft model runs through its own graphs too.
+    """
+
+    def __init__(self, model: LlamaModel, max_context_length: int, max_model_len: int, verify_width: int = 0,
+                 name: str = "model", pack: Optional[bool] = None):
+        if model.max_len != cache_length(max_model_len, verify_width):
+            raise ValueError(f"the KV cache holds {model.max_len} positions, the graphs need "
+                             f"{cache_length(max_model_len, verify_width)}")
+        self.model = model
+        self.name = name
+        self.num_slots = model.num_slots
+        self.max_model_len = max_model_len
+        self.max_context_length = max_context_length
+        self.buckets = context_buckets(max_context_length)
+        self.verify_width = verify_width  # k+1; 0 = no verify graph
+        self.device, self.dtype, self.config = model.device, model.dtype, model.config
+        # linear layers on oneDNN-packed weights (float32 on the CPU; None: wherever that is possible)
+        self.packed = can_pack(self.device, self.dtype) if pack is None else pack
+        self._traced = Traced(model, self.packed)
+        self._next: dict[int, int] = {}  # slot -> 1 + the highest position a real token of it was written at
+        self._graphs: dict[str, Callable[..., torch.Tensor]] = {}
+        self.compile_seconds = 0.0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def shapes(self) -> dict[str, list[int]]:
+        """Graph name -> token shape it was compiled for."""
+        shapes = {"decode": [self.num_slots, 1]}
+        shapes.update({f"prefill_{b}": [1, b] for b in self.buckets})
+        if self.verify_width:
+            shapes["verify"] = [self.num_slots, self.verify_width]
+        return shapes
+
+    # --- compile -----------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def compile(self) -> None:
+        """Compile every graph and run each once (warm-up), so that serving never compiles.
+
+        The warm-up writes junk K/V (token 0) into the lines; harmless, as every position is written before it
+        is read."""
+        started = time.perf_counter()
+        torch._dynamo.mark_static_address(self.model.k_cache)
+        torch._dynamo.mark_static_address(self.model.v_cache)
+        if self.packed:
+            pack_weights(self.model.weights, self.num_slots)
+        kinds = {"decode": _decode_graph, "verify": _verify_graph}
+        kinds.update({f"prefill_{b}": _prefill_graph for b in self.buckets})
+        dev = self.device
+        for graph, shape in self.shapes().items():
+            fn = _own_code(kinds[graph], f"{self.name}_{graph}_graph")
+            self._graphs[graph] = torch.compile(fn, dynamic=False, fullgraph=True)
+            tokens = torch.zeros(shape, dtype=torch.int64, device=dev)
+            if graph == "decode":
+                self._graphs[graph](self._traced, tokens, torch.ones(shape, dtype=torch.int64, device=dev))
+            elif graph == "verify":
+                self._graphs[graph](self._traced, tokens, torch.zeros(shape[0], dtype=torch.int64, device=dev))
+            else:
+                slot, last = (torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(2))  # distinct, as served
+                self._graphs[graph](self._traced, tokens, slot, last)
+            log.info("%s: graph %s %s ready after %.1f s", self.name, graph, shape, time.perf_counter() - started)
+        self.compile_seconds = time.perf_counter() - started
+
+    def _run(self, graph: str, *inputs: torch.Tensor) -> torch.Tensor:
+        if graph not in self._graphs:
+            raise RuntimeError(f"{self.name}: graph {graph} was not compiled (call compile() first)")
+        with torch.compiler.set_stance(COMPILED_STANCE):  # serving never compiles
+            return self._graphs[graph](self._traced, *inputs)
+
+    # --- the fixed-shape calls ---------------------------------------------------------------------------------
+
+    def bucket(self, length: int) -> int:
+        """The smallest context-encoding bucket that holds `length` tokens."""
+        for b in self.buckets:
+            if length <= b:
+                return b
+        raise ValueError(f"a prompt of {length} tokens exceeds max_context_length {self.max_context_length}")
+
+    def prefill(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
+        """One prompt into `slot` at positions 0..n-1 (right-padded to its bucket): `[V]` logits at its last token."""
+        n = len(prompt)
+        if n < 1:
+            raise ValueError("a prompt needs at least one token")
+        tokens = torch.zeros((1, self.bucket(n)), dtype=torch.int64)
+        tokens[0, :n] = torch.tensor(list(prompt), dtype=torch.int64)
+        dev = self.device
+        logits = self._run(f"prefill_{tokens.shape[1]}", tokens.to(dev), torch.tensor([slot], device=dev),
+                           torch.tensor([n - 1], device=dev))
+        self._next[slot] = n
+        return logits[0]
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """One token per row at its position, all slots in one full-batch call: `[B, V]` logits in row order."""
+        self._check_room(positions, 1)
+        full_tokens = torch.zeros((self.num_slots, 1), dtype=torch.int64)
+        full_pos = torch.tensor([[self._filler_position(s)] for s in range(self.num_slots)], dtype=torch.int64)
+        rows = torch.tensor(list(slots), dtype=torch.int64)
+        full_tokens[rows, 0] = torch.tensor(list(tokens), dtype=torch.int64)
+        full_pos[rows, 0] = torch.tensor(list(positions), dtype=torch.int64)
+        logits = self._run("decode", full_tokens.to(self.device), full_pos.to(self.device))  # [S, V]
+        for slot, position in zip(slots, positions):
+            self._next[slot] = position + 1
+        return logits[rows.to(self.device)]
+
+    def verify(self, slots: Sequence[int], fed: Sequence[Sequence[int]], start: Sequence[int]) -> torch.Tensor:
+        """Rows of 1..W tokens each at start[i].. of their slot, all slots in one full-batch call: `[B, W, V]` logits
+        in row order (positions past a row's own tokens are pads: their logits are unused)."""
+        width = self.verify_width
+        if not width:
+            raise RuntimeError(f"{self.name}: no verify graph (compiled without speculation)")
+        if not all(1 <= len(f) <= width for f in fed):
+            raise ValueError(f"rows of {[len(f) for f in fed]} tokens must hold 1..{width}")
+        self._check_room(start, width)
+        full_tokens = torch.zeros((self.num_slots, width), dtype=torch.int64)
+        full_start = torch.tensor([self._filler_position(s) for s in range(self.num_slots)], dtype=torch.int64)
+        for slot, row, position in zip(slots, fed, start):
+            full_tokens[slot, : len(row)] = torch.tensor(list(row), dtype=torch.int64)
+            full_start[slot] = position
+        logits = self._run("verify", full_tokens.to(self.device), full_start.to(self.device))  # [S, W, V]
+        for slot, row, position in zip(slots, fed, start):
+            self._next[slot] = position + len(row)
+        return logits[torch.tensor(list(slots), device=self.device)]
+
+    def last_logits(self, tokens: torch.Tensor, slots: Sequence[int], start_pos: Sequence[int]) -> torch.Tensor:
+        """`SlotModel`: feed `[B, T]` tokens at start_pos of each slot's line, `[B, V]` logits at the last one.
+
+        Through the graphs: rows starting at 0 are prefilled (up to max_context_length tokens, one call each), the
+        rest is fed in full-batch calls, one token per row through the decode graph, several through the verify
+        graph (up to k+1 at a time)."""
+        rows = [list(map(int, t)) for t in tokens.tolist()]
+        out = torch.empty((len(rows), self.vocab_size), dtype=self.dtype, device=self.device)
+        pending: dict[int, tuple[list[int], int]] = {}  # row -> (tokens still to feed, their start)
+        for i, (row, start) in enumerate(zip(rows, start_pos)):
+            if start == 0:
+                n = min(len(row), self.max_context_length)
+                logits = self.prefill(slots[i], row[:n])
+                if n == len(row):
+                    out[i] = logits
+                    continue
+                row, start = row[n:], n
+            pending[i] = (row, int(start))
+        while pending:
+            ids = sorted(pending)
+            step = 1 if all(len(pending[i][0]) == 1 for i in ids) or not self.verify_width else self.verify_width
+            fed = [pending[i][0][:step] for i in ids]
+            starts = [pending[i][1] for i in ids]
+            if step == 1:
+                logits = self.decode([slots[i] for i in ids], [f[0] for f in fed], starts)  # [R, V]
+            else:
+                logits = self.verify([slots[i] for i in ids], fed, starts)  # [R, W, V]
+            for r, i in enumerate(ids):
+                rest, start = pending[i][0][step:], pending[i][1] + step
+                if rest:
+                    pending[i] = (rest, start)
+                    continue
+                del pending[i]
+                out[i] = logits[r] if step == 1 else logits[r, len(fed[r]) - 1]
+        return out
+
+    def release(self, slot: int) -> None:
+        self._next.pop(slot, None)
+
+    def _check_room(self, positions: Sequence[int], width: int) -> None:
+        if any(p + width > self.model.max_len or p < 0 for p in positions):
+            raise ValueError(f"positions {list(positions)} (+{width}) exceed the KV line of {self.model.max_len}")
+
+    def _filler_position(self, slot: int) -> int:
+        """Where a slot without a row this call may be written harmlessly (all W positions of a verify row).
+
+        Its next position: the slot's own next call writes there (and after) before reading it, and every real
+        position it holds is below. Positions from max_model_len - 1 on are never read by a later call (a row reads
+        only positions up to its own, which is below max_model_len, and writes its own first), so clamping there
+        keeps a filler row inside the line; a free slot's next position is 0.
+        """
+        return min(self._next.get(slot, 0), self.max_model_len - 1)
+
+
+def compile_target(device: torch.device) -> str:
+    """What the generated code is specialised for beyond the device type: the CPU's vector ISA (inductor's C++
+    kernels), or the GPU's compute capability. Artifacts made for another one would be cache misses: a compile."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm_{major}{minor}"
+    return torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else device.type
+
+
+def cache_length(max_model_len: int, verify_width: int) -> int:
+    """KV positions per line the graphs need: max_model_len, plus k scratch positions for a verify row's pads."""
+    return max_model_len + max(verify_width - 1, 0)
+
+
+# --- converted weights -----------------------------------------------------------------------------------------
+
+_LAYER_FIELDS = ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down")
+
+
+def save_weights(path: Path, weights: LlamaWeights) -> None:
+    """The fused weights, in their serving dtype, as one safetensors file (a tied LM head is stored once)."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {"embed": weights.embed, "norm": weights.norm}
+    tied = weights.lm_head is weights.embed
+    if not tied:
+        tensors["lm_head"] = weights.lm_head
+    for i, layer in enumerate(weights.layers):
+        for name in _LAYER_FIELDS:
+            value = getattr(layer, name)
+            if value is not None:
+                tensors[f"layers.{i}.{name}"] = value
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path),
+              metadata={"tied_lm_head": str(tied).lower(), "layers": str(len(weights.layers))})
+
+
+def load_weights(path: Path, config: LlamaConfig, device: torch.device, dtype: torch.dtype) -> LlamaWeights:
+    """What `save_weights` wrote, onto `device`.
+
+    Raises:
+        OSError: unreadable.
+        ValueError: the file does not hold this model's weights in `dtype`.
+    """
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except OSError:
+        raise
+    except Exception as exc:  # safetensors' SafetensorError: not a (complete) safetensors file
+        raise ValueError(f"{path} is not a safetensors file ({exc})") from exc
+    if int(meta.get("layers", -1)) != config.num_layers or tensors["embed"].dtype != dtype:
+        raise ValueError(f"{path} holds {meta.get('layers')} layers in {tensors['embed'].dtype}, not "
+                         f"{config.num_layers} in {dtype}")
+    on = {name: t.to(device) for name, t in tensors.items()}
+    layers = [LayerWeights(**{name: on.get(f"layers.{i}.{name}") for name in _LAYER_FIELDS})
+              for i in range(config.num_layers)]
+    embed = on["embed"]
+    head = embed if meta.get("tied_lm_head") == "true" else on["lm_head"]
+    return LlamaWeights(embed=embed, layers=layers, norm=on["norm"], lm_head=head)
+
+
+__all__ = ["COMPILED_STANCE", "FixedShapeModel", "MIN_CONTEXT_BUCKET", "Traced", "cache_length", "can_pack",
+           "compile_counters", "compile_target", "context_buckets", "counters_since", "install_kernels",
+           "kernels_into", "load_weights", "pack_weights", "packed_linear", "save_weights", "scoped_cache_artifacts"]

@@ -1,0 +1,309 @@
+"""The reference runner with `compile: true`: fixed-shape compiled graphs (full-batch decode with filler rows,
+prefill at context-encoding buckets, verify at [slots, k+1]) that serve exactly what eager decoding serves, never
+compile while serving, and start warm from their artifacts (torch's compile cache + converted weights).
+
+Tolerance: float32 logits within 1e-4 (max abs) of eager decoding on the same checkpoint. Measured: 2e-7 on the
+random tiny checkpoints, 1.5e-5 on the committed tiny target (logits up to 20): the graphs' matmuls run on oneDNN
+with packed weights and their attention over whole KV lines, so sums run in another order than eager's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError, ScoreBatch  # noqa: E402
+from neuronmodel_runtime.runners.compiled_graphs import (  # noqa: E402
+    COMPILED_STANCE,
+    compile_counters,
+    context_buckets,
+)
+from neuronmodel_runtime.sampling.params import GREEDY, SamplingParams  # noqa: E402
+from runner_helpers import make_runner  # noqa: E402
+from test_speculation import prompts, run_engine, spec_fields  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests" / "assets" / "tiny"
+ATOL = 1e-4
+KINDS = ["llama", "qwen2", "llama3", "mistral"]
+slow = pytest.mark.slow  # compiles graphs: seconds to a minute each on 2 cores
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_caches(tmp_path_factory):
+    """This module's inductor cache and artifacts folder: nothing read from or left in the machine's."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    saved = os.environ.get("NEURONMODEL_CACHE")
+    os.environ["NEURONMODEL_CACHE"] = str(tmp_path_factory.mktemp("neuronmodel-cache"))
+    with temporary_cache_dir(str(tmp_path_factory.mktemp("inductor"))):
+        yield
+    if saved is None:
+        os.environ.pop("NEURONMODEL_CACHE", None)
+    else:
+        os.environ["NEURONMODEL_CACHE"] = saved
+
+
+def test_context_buckets_are_nxdis():
+    """NxDI's generate_buckets(128, max_context_length)."""
+    assert context_buckets(1024) == [128, 256, 512, 1024]
+    assert context_buckets(1000) == [128, 256, 512, 1000]
+    assert context_buckets(700) == [128, 256, 700]  # log2 rounded: never a bucket just below the last
+    assert context_buckets(200) == [128, 200]
+    assert context_buckets(128) == [128]
+    assert context_buckets(32) == [32]
+
+
+class Recorder:
+    """Drives a runner through a fixed schedule; records every row's tokens and the logits they were sampled from."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.logits = []
+        sample = runner._sample
+
+        def recording(logits, *args):
+            self.logits.append(logits.float().cpu().clone())
+            return sample(logits, *args)
+
+        runner._sample = recording
+
+    def prefill(self, slots, prompts_):
+        return [t[0] for t in self.runner.prefill(PrefillBatch(slots, prompts_, [GREEDY] * len(slots))).token_ids]
+
+    def decode(self, slots, last, positions):
+        out = self.runner.decode(DecodeBatch(slots, last, positions, [GREEDY] * len(slots)))
+        return [t[0] for t in out.token_ids]
+
+
+def schedule(runner) -> tuple[list[list[int]], list]:
+    """Batched prefill (a one-token prompt among them), batched decode in slot and in other orders, a slot freed and
+    reused, prefill while others rest, and a decode of one row alone (every other slot a filler)."""
+    rec = Recorder(runner)
+    out: dict[int, list[int]] = {}
+    pos: dict[int, int] = {}
+
+    def prefill(slots, ps):
+        for slot, p, t in zip(slots, ps, rec.prefill(slots, ps)):
+            out[slot], pos[slot] = [t], len(p)
+
+    def decode(slots, steps):
+        for _ in range(steps):
+            tokens = rec.decode(slots, [out[s][-1] for s in slots], [pos[s] for s in slots])
+            for s, t in zip(slots, tokens):
+                out[s].append(t)
+                pos[s] += 1
+
+    prefill([2, 0, 3], [[3, 17, 5, 60, 2], [9], [7, 1, 88, 42, 42, 9, 30, 31, 5, 77, 64, 2, 3, 50]])
+    decode([0, 2, 3], 5)
+    decode([3, 0, 2], 3)
+    finished = out.pop(0)
+    runner.release(0)
+    prefill([0, 1], [[11, 12, 13, 14, 15, 16, 17, 18, 90], [44]])
+    decode([1, 3, 0, 2], 6)
+    decode([1], 4)
+    decode([2, 1], 2)
+    return [finished] + [out[s] for s in sorted(out)], rec.logits
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def compiled_and_eager(request, tiny_checkpoint):
+    folder = tiny_checkpoint(request.param)
+    return make_runner(folder, compile=True), make_runner(folder)
+
+
+@slow
+def test_compiled_runner_serves_what_eager_serves(compiled_and_eager):
+    compiled, eager = compiled_and_eager
+    assert compiled.info()["graphs"] == {"decode": [4, 1], "prefill_32": [1, 32]}
+    before = compile_counters()
+    tokens, logits = schedule(compiled)
+    assert compile_counters()["graphs"] == before["graphs"], "serving after warm-up compiled a graph"
+    expected_tokens, expected_logits = schedule(eager)
+    assert tokens == expected_tokens
+    assert len(logits) == len(expected_logits)
+    worst = max(float((a - b).abs().max()) for a, b in zip(logits, expected_logits))
+    assert worst < ATOL, worst
+
+
+@slow
+def test_prefill_buckets_and_bucket_choice(tiny_checkpoint):
+    """Two buckets (128, 256): prompts of 1, 128, 129 and 256 tokens each land in the smallest that holds them."""
+    folder = tiny_checkpoint("llama")
+    fields = dict(max_num_seqs=2, max_model_len=256, max_context_length=256)
+    compiled, eager = make_runner(folder, compile=True, **fields), make_runner(folder, **fields)
+    assert set(compiled.info()["graphs"]) == {"decode", "prefill_128", "prefill_256"}
+    assert [compiled.graphs.bucket(n) for n in (1, 128, 129, 256)] == [128, 128, 256, 256]
+    with pytest.raises(ValueError, match="max_context_length"):
+        compiled.graphs.bucket(257)
+    for n in (1, 128, 129, 256):
+        prompt = [(5 * i + n) % 95 + 1 for i in range(n)]
+        got = Recorder(compiled)
+        want = Recorder(eager)
+        assert got.prefill([1], [prompt]) == want.prefill([1], [prompt]), n
+        assert float((got.logits[0] - want.logits[0]).abs().max()) < ATOL
+
+
+@slow
+def test_serving_a_shape_that_was_not_compiled_fails_instead_of_compiling(tiny_checkpoint):
+    graphs = make_runner(tiny_checkpoint("llama"), compile=True).graphs
+    with pytest.raises(Exception, match="recompile"):
+        with torch.inference_mode(), torch.compiler.set_stance(COMPILED_STANCE):
+            graphs._graphs["decode"](graphs._traced, torch.zeros((3, 1), dtype=torch.int64), torch.ones((3, 1), dtype=torch.int64))
+
+
+@pytest.fixture(scope="module")
+def greedy_plain(tiny_checkpoint):
+    """Plain (eager, no speculation) greedy outputs of 10 requests through 3 slots: slots are reused."""
+    target = tiny_checkpoint("llama")
+    reqs = [(str(i), p, SamplingParams(temperature=0, max_tokens=20)) for i, p in enumerate(prompts(10))]
+    reqs.append(("one", [42], SamplingParams(temperature=0, max_tokens=20)))  # a one-token prompt
+    outputs, _ = run_engine(make_runner(target, max_num_seqs=3), reqs)
+    return target, reqs, outputs
+
+
+@slow
+@pytest.mark.parametrize("mode", ["draft", "promptLookup"])
+def test_compiled_speculation_matches_plain_decoding(greedy_plain, tiny_checkpoint, mode):
+    target, reqs, expected = greedy_plain
+    draft = tiny_checkpoint("qwen2") if mode == "draft" else None  # same vocabulary, another model
+    runner = make_runner(target, max_num_seqs=3, compile=True, **spec_fields(mode, 3, draft))
+    graphs = runner.info()
+    assert graphs["graphs"]["verify"] == [3, 4]
+    if mode == "draft":
+        assert graphs["draft_graphs"] == {"decode": [3, 1], "prefill_32": [1, 32], "verify": [3, 4]}
+        assert runner.draft_model() is runner.draft_graphs
+    before = compile_counters()
+    outputs, engine = run_engine(runner, reqs)
+    assert compile_counters()["graphs"] == before["graphs"]
+    assert outputs == expected
+    assert engine.stats.spec_drafts_total > 0
+
+
+@slow
+def test_compiled_score_logits_match_eager(tiny_checkpoint):
+    """The verify graph: rows of different k, in any slot order, with the other slots as fillers."""
+    target = tiny_checkpoint("llama")
+    fields = dict(max_num_seqs=3, **spec_fields("promptLookup", 3))
+    compiled, eager = make_runner(target, compile=True, **fields), make_runner(target, **fields)
+    batches = [ScoreBatch([2, 0], [5, 9], [6, 3], [[1, 2, 3], [4]]), ScoreBatch([1], [7], [0], [[8, 8]])]
+    for runner in (compiled, eager):
+        runner.prefill(PrefillBatch([0, 2], [[1, 2, 3], [4, 5, 6, 7, 8, 9]], [GREEDY, GREEDY]))
+    for batch in batches:
+        got, want = compiled.score(batch), eager.score(batch)
+        assert got.shape == want.shape
+        for row, drafts in enumerate(batch.draft_tokens):
+            width = len(drafts) + 1
+            assert float((got[row, :width] - want[row, :width]).abs().max()) < ATOL
+
+
+@slow
+def test_committed_tiny_target_and_draft():
+    """The committed tiny models (a trained target and its distilled draft), greedy, with draft speculation."""
+    reqs = [(str(i), p, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+            for i, p in enumerate([[1, 300, 301, 302], [1, 77], [5]])]
+    plain, _ = run_engine(make_runner(TINY / "target", max_num_seqs=2), reqs)
+    runner = make_runner(TINY / "target", max_num_seqs=2, compile=True,
+                         **spec_fields("draft", 3, TINY / "draft"))
+    spec, engine = run_engine(runner, reqs)
+    assert spec == plain and engine.stats.spec_accepted_tokens_total > 0
+
+
+@slow
+def test_host_sampling_and_logprobs_match_eager(tiny_checkpoint):
+    """sampling.on_device false: the logits leave the graphs for the host sampler; logprobs as eager's."""
+    folder = tiny_checkpoint("llama")
+    fields = dict(sampling={"on_device": False})
+    compiled, eager = make_runner(folder, compile=True, **fields), make_runner(folder, **fields)
+    outs = []
+    for runner in (compiled, eager):
+        first = runner.prefill(PrefillBatch([3, 1], [[5, 6, 7], [8]], [GREEDY] * 2, num_logprobs=[2, None]))
+        step = runner.decode(DecodeBatch([1, 3], [first.token_ids[1][0], first.token_ids[0][0]], [1, 3],
+                                         [GREEDY] * 2, num_logprobs=[None, 3]))
+        outs.append((first, step))
+    (first_c, step_c), (first_e, step_e) = outs
+    assert first_c.token_ids == first_e.token_ids and step_c.token_ids == step_e.token_ids
+    for got, want in ((first_c.logprobs[0][0], first_e.logprobs[0][0]), (step_c.logprobs[1][0], step_e.logprobs[1][0])):
+        assert got.top.keys() == want.top.keys() and abs(got.logprob - want.logprob) < ATOL
+    assert first_c.logprobs[1] is None and step_c.logprobs[0] is None
+
+
+@slow
+def test_unusable_artifacts_are_an_error_naming_the_fix(tiny_checkpoint):
+    fields = dict(max_num_seqs=2, max_model_len=48, max_context_length=16)
+    runner = make_runner(tiny_checkpoint("llama"), compile=True, **fields)
+    assert runner.info()["compiled_now"]
+    (runner.artifacts_folder / "weights.safetensors").unlink()
+    with pytest.raises(RunnerError, match="unusable.*policy Always"):
+        make_runner(tiny_checkpoint("llama"), compile=True, **fields)
+    again = make_runner(tiny_checkpoint("llama"), compile=True, compile_cache={"policy": "Always"}, **fields)
+    assert again.info()["compiled_now"] and (again.artifacts_folder / "weights.safetensors").is_file()
+
+
+def test_policy_never_without_artifacts_fails_fast(tiny_checkpoint):
+    with pytest.raises(RunnerError, match="policy is Never"):
+        make_runner(tiny_checkpoint("llama"), compile=True, max_num_seqs=2,
+                    compile_cache={"policy": "Never"})
+
+
+START = r"""
+import json, sys
+from neuronmodel_runtime.config import RuntimeConfig
+from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch
+from neuronmodel_runtime.runners.torch_reference import TorchReferenceRunner
+from neuronmodel_runtime.sampling.params import GREEDY
+config = RuntimeConfig(framework="torch", compile=True, max_num_seqs=2, max_model_len=64, max_context_length=32,
+                       compile_cache={"policy": sys.argv[2]})
+runner = TorchReferenceRunner(config, sys.argv[1])
+runner.load()
+out = [runner.prefill(PrefillBatch([1], [[3, 4, 5]], [GREEDY])).token_ids[0][0]]
+for step in range(6):
+    out.append(runner.decode(DecodeBatch([1], [out[-1]], [3 + step], [GREEDY])).token_ids[0][0])
+print(json.dumps({"info": runner.info(), "tokens": out}))
+"""
+
+
+def start(model: Path, tmp_path: Path, inductor: str, policy: str = "IfNotCached") -> dict:
+    """A runner started in a fresh process with its own (empty) inductor cache; its info() and greedy tokens."""
+    env = {**os.environ, "NEURONMODEL_CACHE": str(tmp_path / "neuronmodel"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / inductor)}
+    env.pop("NEURON_COMPILED_ARTIFACTS", None)
+    done = subprocess.run([sys.executable, "-c", START, str(model), policy], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@slow
+def test_warm_start_loads_the_artifacts_and_compiles_nothing(tiny_checkpoint, tmp_path):
+    """Cold: compiles (FX-graph cache misses) and writes the artifacts. Warm, in another fresh process with an empty
+    inductor cache and policy Never: converted weights, cache artifacts and kernels loaded, every graph a cache hit,
+    no miss, no kernel built (the inductor cache holds exactly the shipped ones), the same tokens."""
+    model = tiny_checkpoint("llama")
+    cold = start(model, tmp_path, "inductor-cold")
+    info = cold["info"]
+    assert info["compiled_now"] and info["graph_cache"]["fxgraph_cache_miss"] >= 2
+    folder = Path(info["artifacts"])
+    assert {p.name for p in folder.iterdir()} == {".neuronmodel-compiled.json", "torch-compile-cache.bin",
+                                                  "inductor-kernels.tar", "weights.safetensors"}
+    with tarfile.open(folder / "inductor-kernels.tar") as tar:
+        shipped = set(tar.getnames())
+    assert shipped and all(name.endswith(".so") for name in shipped)
+    assert info["convert_s"] >= 0 and info["compile_s"] > 0
+
+    warm = start(model, tmp_path, "inductor-warm", policy="Never")
+    info = warm["info"]
+    assert not info["compiled_now"] and info["artifacts"] == str(folder) and "load_s" in info
+    assert info["graph_cache"]["fxgraph_cache_miss"] == 0
+    assert info["graph_cache"]["fxgraph_cache_hit"] >= len(info["graphs"])
+    inductor = tmp_path / "inductor-warm"
+    assert {p.relative_to(inductor).as_posix() for p in inductor.glob("*/*.so")} == shipped
+    assert warm["tokens"] == cold["tokens"]
