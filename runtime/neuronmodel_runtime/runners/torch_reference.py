@@ -64,7 +64,7 @@ from neuronmodel_runtime.runners.compiled_graphs import (
     scoped_cache_artifacts,
 )
 from neuronmodel_runtime.runners.llama import LlamaConfig, LlamaModel, LlamaWeights
-from neuronmodel_runtime.runners.neuron_common import artifacts_dir, begin_compile, end_compile, must_compile
+from neuronmodel_runtime.runners.compiled_artifacts import prepare_artifacts
 from neuronmodel_runtime.runners.slot_sampler import SlotSampler
 from neuronmodel_runtime.runners.vocabulary import vocabulary_mismatch
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingCapabilities
@@ -115,8 +115,7 @@ class TorchReferenceRunner(ModelRunner):
         # compile: true only: the models behind their compiled graphs, and where those came from
         self.graphs: Optional[FixedShapeModel] = None
         self.draft_graphs: Optional[FixedShapeModel] = None
-        # NOTE: not `self.artifacts` (ModelRunner's `compiled_artifacts.Artifacts` of the shared cache, None here):
-        # this runner's compiled graphs still live in the local artifacts folder only.
+        # `self.artifacts` (ModelRunner's): the compiled artifacts through the cache, when compile: true
         self.artifacts_folder: Optional[Path] = None
         self.compiled_now = False  # this start compiled the graphs (True) or loaded them from the artifacts (False)
         self.timings: dict[str, float] = {}  # seconds: convert (checkpoint -> serving dtype) or load, compile
@@ -193,17 +192,15 @@ class TorchReferenceRunner(ModelRunner):
 
     def _load_compiled(self, model_config: LlamaConfig, draft_config: Optional[LlamaConfig],
                        dtype: torch.dtype) -> None:
-        """Compile into the artifacts folder (by compile_cache.policy), or load what a compile left there."""
-        cfg = self.config
+        """The compiled artifacts through the compile-artifact cache (by compile_cache.policy): loaded from the local
+        folder or the store, or compiled (this start then serves the graphs it compiled) and stored."""
         shape = self.compiled_shape(model_config, draft_config, dtype)
-        folder = self.artifacts_folder = artifacts_dir(cfg, "torch", torch.__version__, shape)
-        if must_compile(folder, cfg.compile_cache.policy, "torch reference runner"):
-            begin_compile(folder)
-            self.compile_into(folder, model_config, draft_config, dtype)
-            end_compile(folder, {"shape": shape, "torch": torch.__version__, "seconds": self.timings,
-                                 "graph_cache": self.graph_cache})
-        else:
-            self.load_from(folder, model_config, draft_config, dtype)
+        self.artifacts = prepare_artifacts(
+            self.config, self.model_path, "torch", torch.__version__, shape,
+            lambda folder: self.compile_into(folder, model_config, draft_config, dtype))
+        self.artifacts_folder = self.artifacts.folder
+        if not self.artifacts.outcome.compiled:
+            self.load_from(self.artifacts.folder, model_config, draft_config, dtype)
 
     def compile_into(self, folder: Path, model_config: LlamaConfig, draft_config: Optional[LlamaConfig],
                      dtype: torch.dtype) -> None:
@@ -388,7 +385,8 @@ class TorchReferenceRunner(ModelRunner):
         if self.model is not None:
             facts.update(dtype=str(self.model.dtype).removeprefix("torch."), architecture=self.model.config.architecture)
         if self.graphs is not None:
-            facts.update(compile=True, graphs=self.graphs.shapes(), artifacts=str(self.artifacts_folder),
+            facts.update(compile=True, graphs=self.graphs.shapes(),
+                         artifacts=self.artifacts.info() if self.artifacts else None,
                          compiled_now=self.compiled_now, **self.timings, graph_cache=dict(self.graph_cache))
             if self.draft_graphs is not None:
                 facts["draft_graphs"] = self.draft_graphs.shapes()
