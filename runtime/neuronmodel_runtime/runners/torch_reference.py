@@ -116,8 +116,6 @@ class TorchReferenceRunner(ModelRunner):
         self.graphs: Optional[FixedShapeModel] = None
         self.draft_graphs: Optional[FixedShapeModel] = None
         # `self.artifacts` (ModelRunner's): the compiled artifacts through the cache, when compile: true
-        self.artifacts_folder: Optional[Path] = None
-        self.compiled_now = False  # this start compiled the graphs (True) or loaded them from the artifacts (False)
         self.timings: dict[str, float] = {}  # seconds: convert (checkpoint -> serving dtype) or load, compile
         self.graph_cache: dict[str, int] = {}  # compiles and inductor cache hits / misses of this load
         # Host sampling draws on the CPU, so its generators live there.
@@ -152,6 +150,11 @@ class TorchReferenceRunner(ModelRunner):
         if draft_config is not None:
             weights = build_weights(draft_config, read_tensors(self._draft_path()), self.device, dtype)
             self.draft = LlamaModel(draft_config, weights, cfg.max_num_seqs, cfg.max_model_len)
+
+    @property
+    def artifacts_folder(self) -> Optional[Path]:
+        """The compiled artifacts' local folder (compile: true), None otherwise."""
+        return self.artifacts.folder if self.artifacts else None
 
     def _draft_path(self) -> Path:
         return Path(str(self.config.speculation.draft_model))
@@ -198,7 +201,6 @@ class TorchReferenceRunner(ModelRunner):
         self.artifacts = prepare_artifacts(
             self.config, self.model_path, "torch", torch.__version__, shape,
             lambda folder: self.compile_into(folder, model_config, draft_config, dtype))
-        self.artifacts_folder = self.artifacts.folder
         if not self.artifacts.outcome.compiled:
             self.load_from(self.artifacts.folder, model_config, draft_config, dtype)
 
@@ -206,7 +208,6 @@ class TorchReferenceRunner(ModelRunner):
                      dtype: torch.dtype) -> None:
         """Convert the checkpoint(s) to the serving dtype, compile every graph (in a fresh inductor cache), and write
         both into `folder`; this start serves from the graphs it just compiled."""
-        self.compiled_now = True
         started = time.perf_counter()
         weights = build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
         save_weights(folder / WEIGHTS_FILE, weights)
@@ -387,7 +388,8 @@ class TorchReferenceRunner(ModelRunner):
         if self.graphs is not None:
             facts.update(compile=True, graphs=self.graphs.shapes(),
                          artifacts=self.artifacts.info() if self.artifacts else None,
-                         compiled_now=self.compiled_now, **self.timings, graph_cache=dict(self.graph_cache))
+                         compiled_now=bool(self.artifacts and self.artifacts.outcome.compiled), **self.timings,
+                         graph_cache=dict(self.graph_cache))
             if self.draft_graphs is not None:
                 facts["draft_graphs"] = self.draft_graphs.shapes()
         return facts
