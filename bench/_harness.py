@@ -44,8 +44,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def runtime_server(config: dict, ready_timeout: float = 300.0) -> Iterator[str]:
-    """Run `neuronmodel-runtime serve` with this RuntimeConfig in a subprocess; yield its base URL."""
+def runtime_server(config: dict, ready_timeout: float = 300.0, env: Optional[dict] = None) -> Iterator[str]:
+    """Run `neuronmodel-runtime serve` with this RuntimeConfig (and these extra environment variables) in a
+    subprocess; yield its base URL once /ready answers 200."""
     port = free_port()
     config = {**config, "server": {**config.get("server", {}), "port": port, "host": "127.0.0.1"}}
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"neuronmodel-bench-{port}.json"
@@ -53,6 +54,7 @@ def runtime_server(config: dict, ready_timeout: float = 300.0) -> Iterator[str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(path), "--log-level", "WARNING"],
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -2,6 +2,10 @@
 and against this machine's roofline.
 
 Figures (one JSON line each):
+  cache_warm_over_cold  time to ready of `neuronmodel-runtime serve` on the embedded model with `compile: true`, a
+                        warm start (a new process, a new local artifacts folder and an empty torch compile cache,
+                        the artifacts in the store: what a new pod sees) over a cold one (an empty store: compile,
+                        convert, store, load). Both come from /v1/info's startup and artifacts, printed beside it.
   compiled_over_eager   decode tokens/s of the compiled runner over the eager one, at batch 1 (runners of 1 slot) and
                         at the full batch (16 slots, every one decoding), on the committed tiny target and on SmolLM2
                         (the embedded model); both tokens/s are printed beside the ratio, with whether their greedy
@@ -25,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from _harness import TINY_TARGET, figure, p50
+import httpx
+from _harness import TINY_TARGET, figure, p50, runtime_server
 
 # NOTE: bench/operator.py would shadow the standard library's operator module, which torch.compile imports afresh
 # while it compiles: bench/ leaves the import path once _harness is imported.
@@ -135,10 +141,7 @@ def weight_bytes(runner: TorchReferenceRunner, batch: int) -> tuple[int, int]:
 
 
 def compiled_runner_figures(steps: int, rounds: int) -> None:
-    smollm2 = default_model_path()
-    if not (smollm2 / "config.json").is_file():
-        raise SystemExit(f"{smollm2}: run scripts/fetch_default_model.py first")
-    for name, model in (("tiny", TINY_TARGET), ("SmolLM2", smollm2)):
+    for name, model in (("tiny", TINY_TARGET), ("SmolLM2", default_model_path())):
         full = {mode: make_runner(model, FULL_BATCH, mode == "compiled") for mode in ("eager", "compiled")}
         one = {mode: make_runner(model, 1, mode == "compiled") for mode in ("eager", "compiled")}
         eager, compiled, same = side_by_side(one["eager"], one["compiled"], 1, steps, rounds)
@@ -186,11 +189,44 @@ def roofline(eager: TorchReferenceRunner, compiled: TorchReferenceRunner, steps:
            max_model_len=cfg.max_model_len)
 
 
+def start_to_ready(model: Path, store: Path, scratch: Path) -> tuple[float, dict]:
+    """Seconds from starting a server process to its /ready, and its /v1/info. The process gets its own local
+    artifacts folder and torch compile cache under `scratch`, so anything it does not compile comes from `store`."""
+    config = {"model": str(model), "framework": "torch", "compile": True, "compile_cache": {"url": str(store)}}
+    env = {"NEURON_COMPILED_ARTIFACTS": str(scratch / "artifacts"),
+           "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor")}
+    started = time.perf_counter()
+    with runtime_server(config, ready_timeout=1800.0, env=env) as url:
+        ready = time.perf_counter() - started
+        info = httpx.get(url + "/v1/info", timeout=10.0).json()
+    return ready, info
+
+
+def warm_over_cold() -> None:
+    model = default_model_path()
+    with tempfile.TemporaryDirectory(prefix="neuronmodel-bench-cache-") as tmp:
+        store = Path(tmp) / "store"
+        cold, cold_info = start_to_ready(model, store, Path(tmp) / "cold")
+        warm, warm_info = start_to_ready(model, store, Path(tmp) / "warm")
+
+    def seen(info: dict) -> dict:
+        artifacts = info["runner"]["artifacts"]
+        return {"hit": artifacts["hit"], "compiled": artifacts["compiled"], "load_s": info["startup"]["load_s"],
+                "compile_s": artifacts["compile_s"], "fetch_s": artifacts["fetch_s"], "store_s": artifacts["store_s"]}
+
+    figure("cache_warm_over_cold", warm / cold, "<= 0.3", model=model.name, cold_ready_s=round(cold, 1),
+           warm_ready_s=round(warm, 1), cold=seen(cold_info), warm=seen(warm_info))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=48, help="decode steps measured per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating eager/compiled rounds; the best counts")
     args = parser.parse_args()
+    smollm2 = default_model_path()
+    if not (smollm2 / "config.json").is_file():
+        raise SystemExit(f"{smollm2}: run scripts/fetch_default_model.py first")
+    warm_over_cold()
     compiled_runner_figures(args.steps, args.rounds)
 
 

@@ -40,6 +40,7 @@ CRD = ("tests/operator_tests/test_crd.py",)
 RECONCILE = ("tests/operator_tests/test_reconcile.py",)
 NXDI_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "nxdi")
 TNX_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "tnx")
+CACHE = ("tests/runtime_tests/test_cache.py",)
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,24 @@ MUTATIONS += [
         "ids = list(prompt) + [0] * (2 - len(prompt)) if len(prompt) < 2 else list(prompt)",
         "ids = list(prompt)",
         TNX_SUITE,
+    ),
+    Mutation(
+        "cache: a held compile lease never renewed (a long compile loses its lock)", "cache.py",
+        "while not self._stop.wait(self.ttl_s / 3):",
+        "while not self._stop.wait(self.ttl_s * 3):",
+        CACHE,
+    ),
+    Mutation(
+        "cache: a holder back from a freeze deletes the lease that replaced its own", "cache.py",
+        "if not mine or now.token != token:\n                return False",
+        "if not mine:\n                return False",
+        CACHE,
+    ),
+    Mutation(
+        "cache: the sweep removes a live compile's staging folder", "cache.py",
+        "        os.kill(int(pid), 0)\n",
+        "        raise ProcessLookupError\n",
+        CACHE,
     ),
 ]
 

@@ -161,6 +161,10 @@ class CompileCache(_Spec):
     policy: Literal["IfNotCached", "Always", "Never"] = Field(
         "IfNotCached", description="IfNotCached: compile on a miss; Always: recompile; Never: serving pods never "
         "compile (a miss fails the pod).")
+    sharded_weights: bool = Field(
+        False, description="Store the weights pre-sharded per TP rank with the compiled artifacts (NxDI's "
+        "save_sharded_checkpoint): pods load their rank's shard instead of sharding the checkpoint at start; the "
+        "cache entry grows by the model's size. Not with framework tnx.")
 
 
 class Autoscaling(_Spec):

@@ -81,6 +81,7 @@ def compile_key(spec: NeuronModelSpec, image: str, instance_family: Optional[str
         "batching": spec.batching.model_dump(mode="json", by_alias=True),
         "sampling": spec.sampling.model_dump(mode="json", by_alias=True),
         "speculation": spec.speculation.model_dump(mode="json", by_alias=True),
+        "shardedWeights": spec.compile_cache.sharded_weights,
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -113,6 +114,9 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         raise SpecError("spec.parallelism.nodes must divide spec.parallelism.tensorParallelDegree")
     instance = _instance(spec, cores_per_pod)
     family = instance.family
+    if spec.framework == "tnx" and spec.compile_cache.sharded_weights:
+        raise SpecError("spec.compileCache.shardedWeights: transformers-neuronx saves pre-sharded weights only with "
+                        "on-device embedding, which this runtime does not compile; remove it or use framework nxdi")
     if spec.framework == "tnx" and not family.transformers_neuronx:
         raise SpecError(f"spec.framework: transformers-neuronx never supported {family.name}; use nxdi or auto")
     lnc_asked = spec.parallelism.logical_core_config

@@ -5,15 +5,18 @@
 - An entry is `<url>/<digest>/<files...>` and `<url>/<digest>/manifest.json` (the key's inputs, each file's path, size
   and sha256, timings), written LAST: files without a manifest are never a hit, a file whose size or sha256 differs
   from the manifest makes the entry a miss (with a warning), never a crash.
-- `ArtifactStore.lock(key)`: one compile per key at a time, `<url>/<digest>.lock` with an expiry, so a crashed
-  compiler blocks the others for at most its ttl (the holder never refreshes it: the ttl must exceed the longest
-  compile, DEFAULT_LOCK_TTL_S is 4 hours).
+- `ArtifactStore.lock(key)`: one compile per key at a time, a lease `<url>/<digest>.lock` naming its holder and its
+  expiry. The holder renews it every ttl/3 while it compiles (for hours if need be), so a compiler that crashed,
+  was killed (OOM) or froze blocks the others for at most one ttl (DEFAULT_LOCK_TTL_S, 10 minutes); an expired lease
+  is taken over with a conditional overwrite, and a holder that finds its lease taken over says so and never
+  deletes the new one. The stores provide four primitives (create, read, replace-if-unchanged, delete-if-ours).
 - `prepare(store, key, local, policy, compile)`: the serve / compile flow, by `compile_cache.policy`.
 
 A local folder (what a runner loads) is complete when it holds LOCAL_MARKER naming the key, written last: `fetch` and
-the compile of `prepare` build the folder beside it (`<local>.partial-<pid>-<token>`) and rename it into place, so a
-crash never leaves a half folder that looks complete. When `local` is itself a mount point (it cannot be renamed),
-the folder is built inside it and its files moved into place, the marker last.
+the compile of `prepare` build the folder beside it (`<local>.partial-<host>-<pid>-<token>`) and rename it into
+place, so a crash never leaves a half folder that looks complete, and the next process on the host sweeps what a
+crashed one left (`sweep`). When `local` is itself a mount point (it cannot be renamed), the folder is built inside
+it and its files moved into place, the marker last.
 
 Nothing here imports torch; boto3 only for an s3:// store.
 """
@@ -45,8 +48,12 @@ MANIFEST = "manifest.json"
 #: In a local artifacts folder: which key it holds and its files' sizes, written last (a folder without it is partial).
 LOCAL_MARKER = ".neuronmodel-cache.json"
 POLICIES = ("IfNotCached", "Always", "Never")
-#: A compile lock's default lifetime: longer than a compile should ever take (Neuron compiles take minutes to hours).
-DEFAULT_LOCK_TTL_S = 4 * 3600.0
+#: A compile lease's lifetime without a renewal: how long a crashed compiler blocks the others (renewed every ttl/3).
+DEFAULT_LOCK_TTL_S = 600.0
+#: How long a pod waits for another's compile of the same key: Neuron compiles take minutes to hours.
+DEFAULT_LOCK_WAIT_S = 6 * 3600.0
+#: A lock object that cannot be read (its writer died while writing it) expires this long after it was written.
+UNREADABLE_LOCK_TTL_S = 60.0
 DEFAULT_POLL_S = 5.0
 _CHUNK = 1 << 20
 
@@ -217,18 +224,80 @@ def _write_marker(folder: Path, key: CacheKey, origin: str) -> None:
     (folder / LOCAL_MARKER).write_text(json.dumps(record, sort_keys=True))
 
 
-def _staging(dest: Path) -> Path:
-    """A fresh folder to build `dest` in: beside it, or inside it when `dest` is a mount point."""
-    token = f"partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    staging = dest / f".{token}" if os.path.ismount(dest) else dest.with_name(f"{dest.name}.{token}")
-    staging.mkdir(parents=True)
-    return staging
+#: This process's staging folders in use (a sweep in this process must not remove them).
+_in_flight: set[str] = set()
+_in_flight_lock = threading.Lock()
+
+
+def _work_name(dest: Path, kind: str) -> str:
+    """`<dest>.<kind>-<host>-<pid>-<token>`: a staging ("partial") or replaced ("old") folder of `dest`, named so that
+    a later process on the same host can tell whether its maker is still alive."""
+    return f"{dest.name}.{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _is_stale(name: str, prefix: str) -> bool:
+    """A work folder `name` (under `prefix`, then "<kind>-<host>-<pid>-<token>") whose maker on this host is gone: its
+    pid runs no process, or is this process and the folder is not one of its own in flight (a restarted container
+    reuses pids). Folders of other hosts (a shared volume) are left alone."""
+    rest = name[len(prefix):]
+    kind, _, rest = rest.partition("-")
+    host, pid, _ = (rest.rsplit("-", 2) + ["", ""])[:3]
+    if kind not in ("partial", "old") or host != socket.gethostname() or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        with _in_flight_lock:
+            return name not in _in_flight
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # a live process of another user
+    return False
+
+
+def sweep(dest: Path) -> int:
+    """Remove the work folders of `dest` left by crashed compiles and fetches on this host (a killed compile can
+    leave gigabytes); the number removed."""
+    dest, removed = Path(dest), 0
+    places = [(dest.parent, f"{dest.name}.")]
+    if os.path.ismount(dest):
+        places.append((dest, "."))
+    for folder, prefix in places:
+        with contextlib.suppress(FileNotFoundError):
+            for child in folder.iterdir():
+                if child.name.startswith(prefix) and child.is_dir() and not child.is_symlink() \
+                        and _is_stale(child.name, prefix):
+                    shutil.rmtree(child, ignore_errors=True)
+                    removed += 1
+    if removed:
+        log.info("removed %d work folders of %s left by crashed compiles or fetches", removed, dest)
+    return removed
+
+
+@contextlib.contextmanager
+def _staging(dest: Path) -> Iterator[Path]:
+    """A fresh folder to build `dest` in (beside it, or inside it when `dest` is a mount point), removed on exit
+    unless it was installed; stale ones of dead processes are swept first."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    sweep(dest)
+    name = _work_name(dest, "partial")
+    staging = dest / f".{name[len(dest.name) + 1:]}" if os.path.ismount(dest) else dest.with_name(name)
+    with _in_flight_lock:
+        _in_flight.add(staging.name)
+    try:
+        staging.mkdir(parents=True)
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        with _in_flight_lock:
+            _in_flight.discard(staging.name)
 
 
 def _install(staging: Path, dest: Path) -> None:
     """Put the complete folder `staging` (its marker included) in place of `dest`."""
     if staging.parent != dest:
-        old = dest.with_name(f"{dest.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        old = dest.with_name(_work_name(dest, "old"))
         if os.path.lexists(dest):
             os.rename(dest, old)
         os.rename(staging, dest)
@@ -264,8 +333,79 @@ class Lease:
 
     key: str
     owner: str
-    expires: float  # epoch seconds
+    expires: float  # epoch seconds, as first taken (renewed while held)
     broke: Optional[str] = None  # the expired holder it replaced
+
+
+@dataclass(frozen=True)
+class LockState:
+    """A lock object as read from a store."""
+
+    owner: Optional[str]  # None: unreadable
+    expires: Optional[float]  # epoch seconds; None: unreadable
+    modified: float  # epoch seconds of its last write
+    token: Any  # what a conditional replace or delete of exactly this object needs (an ETag, the file's bytes)
+
+    @property
+    def holder(self) -> str:
+        if self.owner is None or self.expires is None:
+            return "an unreadable lock"
+        expires = datetime.fromtimestamp(self.expires, timezone.utc).isoformat(timespec="seconds")
+        return f"{self.owner} (expires {expires})"
+
+    def expired(self) -> bool:
+        return time.time() > (self.modified + UNREADABLE_LOCK_TTL_S if self.expires is None else self.expires)
+
+
+def lease_body(owner: str, expires: float) -> bytes:
+    return json.dumps({"owner": owner, "expires": expires, "created": _now_iso()}).encode()
+
+
+def lease_fields(body: bytes) -> tuple[Optional[str], Optional[float]]:
+    """(owner, expires) of a lock object's body; (None, None) when it is not one."""
+    try:
+        info = json.loads(body)
+        return str(info["owner"]), float(info["expires"])
+    except (ValueError, TypeError, KeyError):
+        return None, None
+
+
+class _Renewal:
+    """Renews a held lease every ttl/3 in a daemon thread until stopped; a store error is retried at the next tick,
+    a lease found taken over (it lapsed: the process was frozen or the store unreachable for a whole ttl) is
+    logged and given up."""
+
+    def __init__(self, store: "ArtifactStore", name: str, owner: str, token: Any, ttl_s: float) -> None:
+        self.store, self.name, self.owner, self.token, self.ttl_s = store, name, owner, token, ttl_s
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{name[:12]}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                seen = self.store._lock_read(self.name)
+                token = None
+                if seen is not None and seen.owner == self.owner:
+                    token = self.store._lock_replace(self.name, seen, lease_body(self.owner, time.time() + self.ttl_s))
+            except CacheError as exc:
+                log.warning("%s: could not renew the compile lease %s (%s); retrying in %.0f s", self.store.url,
+                            self.name, exc, self.ttl_s / 3)
+                continue
+            if token is None:
+                self.lost = True
+                log.warning("%s: the compile lease %s of %s lapsed and was taken over (now %s); another compile of "
+                            "this key may run", self.store.url, self.name, self.owner,
+                            seen.holder if seen else "nobody")
+                return
+            self.token = token
+
+    def stop(self) -> Any:
+        """The lease's current token, once no renewal is under way."""
+        self._stop.set()
+        self._thread.join()
+        return self.token
 
 
 class ArtifactStore(abc.ABC):
@@ -293,12 +433,65 @@ class ArtifactStore(abc.ABC):
     @abc.abstractmethod
     def _list(self, folder: str) -> list[str]: """Names under `folder`/, relative to it."""
 
+    # The lock's primitives: one object `name` ("<digest>.lock") holding lease_body(owner, expires).
+
     @abc.abstractmethod
+    def _lock_create(self, name: str, body: bytes) -> Optional[Any]:
+        """Create the lock object if there is none, and check it is this body; its token, or None (someone holds it)."""
+
+    @abc.abstractmethod
+    def _lock_read(self, name: str) -> Optional[LockState]: """None when there is no lock object."""
+
+    @abc.abstractmethod
+    def _lock_replace(self, name: str, seen: LockState, body: bytes) -> Optional[Any]:
+        """Overwrite the lock object with `body` if it is still `seen` (a take-over, a renewal); its new token, or
+        None (it changed or went meanwhile)."""
+
+    @abc.abstractmethod
+    def _lock_delete(self, name: str, token: Any) -> bool:
+        """Delete the lock object if it is still `token`'s; False when it was taken over (nothing deleted)."""
+
+    @abc.abstractmethod
+    def _lock_where(self, name: str) -> str: """What to delete by hand to free a stuck lock."""
+
+    @contextlib.contextmanager
     def lock(self, key: CacheKey, ttl_s: float = DEFAULT_LOCK_TTL_S, wait_s: Optional[float] = None,
-             poll_s: float = DEFAULT_POLL_S) -> contextlib.AbstractContextManager[Lease]:
-        """Single flight per key: held by one caller at a time, across processes and hosts. A lock whose expiry
-        (ttl_s after it was taken) passed is broken and retaken. Waits at most `wait_s` (default: ttl_s), then raises
-        CacheLockTimeout naming the key and the holder."""
+             poll_s: float = DEFAULT_POLL_S) -> Iterator[Lease]:
+        """Single flight per key: held by one caller at a time, across processes and hosts, renewed every ttl_s/3
+        while held. A lease whose expiry passed (its holder stopped renewing it) is taken over. Waits at most
+        `wait_s` (default DEFAULT_LOCK_WAIT_S) for a live holder, then raises CacheLockTimeout naming the key and
+        the holder."""
+        name, owner = f"{key.digest}.lock", _owner()
+        wait_s = DEFAULT_LOCK_WAIT_S if wait_s is None else wait_s
+        deadline, broke = time.monotonic() + wait_s, None
+        while True:
+            expires = time.time() + ttl_s
+            token = self._lock_create(name, lease_body(owner, expires))
+            if token is not None:
+                break
+            seen = self._lock_read(name)
+            if seen is None:
+                continue  # released meanwhile: try again at once
+            if seen.expired():
+                token = self._lock_replace(name, seen, lease_body(owner, expires))
+                if token is not None:
+                    broke = seen.holder
+                    log.warning("%s: took over the expired compile lock %s held by %s", self.url, name, broke)
+                    break
+                continue
+            if time.monotonic() >= deadline:
+                raise CacheLockTimeout(f"{self.url}: waited {wait_s:.0f} s for the compile lock of key {key.digest}, "
+                                       f"held by {seen.holder}; if no compile is running, delete "
+                                       f"{self._lock_where(name)}", key.digest, seen.holder)
+            time.sleep(poll_s)
+        renewal = _Renewal(self, name, owner, token, ttl_s)
+        try:
+            yield Lease(key.digest, owner, expires, broke)
+        finally:
+            token = renewal.stop()
+            if not renewal.lost and not self._lock_delete(name, token):
+                log.warning("%s: the compile lock %s of %s was taken over before its holder released it", self.url,
+                            name, owner)
 
     def lookup(self, key: CacheKey) -> Optional[Manifest]:
         """The entry's manifest if it is complete (present, parseable, its key the digest), else None."""
@@ -321,8 +514,7 @@ class ArtifactStore(abc.ABC):
         manifest, dest = self.lookup(key), Path(dest)
         if manifest is None:
             return False
-        staging = _staging(dest)
-        try:
+        with _staging(dest) as staging:
             def get(entry: FileEntry) -> Optional[str]:
                 target = staging / entry.path
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -341,8 +533,6 @@ class ArtifactStore(abc.ABC):
                 return False
             _write_marker(staging, key, "store")
             _install(staging, dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         log.info("%s: fetched entry %s (%d files, %d bytes) into %s", self.url, key.digest, len(manifest.files),
                  manifest.total_bytes, dest)
         return True
@@ -424,81 +614,70 @@ class FileStore(ArtifactStore):
         base = self._path(folder)
         return [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file() or p.is_symlink()]
 
-    @contextlib.contextmanager
-    def lock(self, key: CacheKey, ttl_s: float = DEFAULT_LOCK_TTL_S, wait_s: Optional[float] = None,
-             poll_s: float = DEFAULT_POLL_S) -> Iterator[Lease]:
-        path, owner = self._path(f"{key.digest}.lock"), _owner()
-        deadline, broke = time.monotonic() + (ttl_s if wait_s is None else wait_s), None
-        self.root.mkdir(parents=True, exist_ok=True)
-        while True:
-            lease = Lease(key.digest, owner, time.time() + ttl_s, broke)
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({"owner": owner, "expires": lease.expires, "created": _now_iso()}, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                break
-            holder, expired = self._holder(path)
-            if holder == "nobody":
-                continue  # released meanwhile: try again at once
-            if expired and self._break(path, holder):
-                broke = holder
-                continue
-            if time.monotonic() >= deadline:
-                raise CacheLockTimeout(f"{self.url}: waited {ttl_s if wait_s is None else wait_s:.0f} s for the "
-                                       f"compile lock of key {key.digest}, held by {holder}; if no compile is "
-                                       f"running, remove {path}", key.digest, holder)
-            time.sleep(poll_s)
+    def _lock_read(self, name: str) -> Optional[LockState]:
+        path = self._path(name)
         try:
-            yield lease
-        finally:
-            current, _ = self._holder(path)
-            if current.startswith(owner):
-                path.unlink(missing_ok=True)
-            else:
-                log.warning("%s: the compile lock of key %s was taken over (now %s) before its holder %s released "
-                            "it; its ttl was too short", self.url, key.digest, current, owner)
-
-    @staticmethod
-    def _holder(path: Path) -> tuple[str, bool]:
-        """(who holds the lock at `path`, whether its expiry passed); an unreadable lock expires 60 s after it was
-        written (its owner died while writing it)."""
-        try:
-            info = json.loads(path.read_text())
-            expires = float(info["expires"])
-            return f"{info['owner']} (expires {datetime.fromtimestamp(expires, timezone.utc).isoformat()})", \
-                time.time() > expires
+            body, modified = path.read_bytes(), path.stat().st_mtime
         except FileNotFoundError:
-            return "nobody", False
-        except (OSError, ValueError, TypeError, KeyError):
-            try:
-                return "an unreadable lock file", time.time() > path.stat().st_mtime + 60
-            except FileNotFoundError:
-                return "nobody", False
+            return None
+        return LockState(*lease_fields(body), modified, body)
 
-    def _break(self, path: Path, seen: str) -> bool:
-        """Remove the expired lock `seen`, unless another breaker is at it or it changed meanwhile."""
-        guard = path.with_name(path.name + ".break")
+    def _lock_create(self, name: str, body: bytes) -> Optional[Any]:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            with contextlib.suppress(FileNotFoundError):
-                if time.time() > guard.stat().st_mtime + 60:  # a breaker died while breaking
-                    guard.unlink()
-            return False
+            return None
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        return body
+
+    @contextlib.contextmanager
+    def _guard(self, name: str) -> Iterator[bool]:
+        """Whether this caller may change the lock object now: one changer at a time, by the exclusive create of
+        `<name>.guard`, waited for up to 5 s (a guard older than UNREADABLE_LOCK_TTL_S is a dead changer's and is
+        removed)."""
+        guard, deadline = self._path(name + ".guard"), time.monotonic() + 5.0
+        while True:
+            try:
+                os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                break
+            except FileExistsError:
+                with contextlib.suppress(FileNotFoundError):
+                    if time.time() > guard.stat().st_mtime + UNREADABLE_LOCK_TTL_S:
+                        guard.unlink()
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.01)
         try:
-            holder, expired = self._holder(path)
-            if holder != seen or not expired:
-                return False
-            path.unlink(missing_ok=True)
-            log.warning("%s: broke the expired compile lock %s held by %s", self.url, path.name, seen)
-            return True
+            yield True
         finally:
             guard.unlink(missing_ok=True)
+
+    def _lock_replace(self, name: str, seen: LockState, body: bytes) -> Optional[Any]:
+        with self._guard(name) as mine:
+            now = self._lock_read(name)
+            if not mine or now is None or now.token != seen.token:
+                return None
+            self._write(name, body)
+            return body
+
+    def _lock_delete(self, name: str, token: Any) -> bool:
+        with self._guard(name) as mine:
+            now = self._lock_read(name)
+            if now is None:
+                return True
+            if not mine or now.token != token:
+                return False
+            self._path(name).unlink(missing_ok=True)
+            return True
+
+    def _lock_where(self, name: str) -> str:
+        return str(self._path(name))
 
 
 def open_store(url: str) -> ArtifactStore:
@@ -541,16 +720,13 @@ class Outcome:
 
 
 def _compile_into(local: Path, key: CacheKey, compile: Callable[[Path], None]) -> float:
-    staging = _staging(local)
-    try:
+    with _staging(local) as staging:
         start = time.monotonic()
         compile(staging)
         took = time.monotonic() - start
         _write_marker(staging, key, "compiled")
         _install(staging, local)
         return took
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def prepare(store: Optional[ArtifactStore], key: CacheKey, local: Path, policy: str,

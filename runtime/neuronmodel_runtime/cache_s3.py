@@ -6,28 +6,26 @@ AWS_REGION, else boto3's (AWS_DEFAULT_REGION, the config file), else us-east-1. 
 `multipart_threshold` (64 MiB), parts in parallel.
 
 The compile lock is a lease object `<prefix>/<digest>.lock` holding its owner and expiry, created with a conditional
-put (If-None-Match: *, which S3 honours since 2024, as do MinIO and moto 5). An expired lease is taken over with a
-conditional overwrite (If-Match its ETag: of two takers, one wins), released with a conditional delete (If-Match the
-holder's ETag, so a holder whose lease was taken over never deletes the new one). After every successful create or
-take-over the lease is read back and must name this owner. A store that answers NotImplemented to conditional
-writes gets the fallback: create only when a read finds none, wait SETTLE_S, read back; it is best effort (two
-creators within a round trip may both win), and logged as such.
+put (If-None-Match: *, which S3 honours since 2024, as do MinIO and moto 5). An expired lease is taken over, and a
+held one renewed, with a conditional overwrite (If-Match its ETag: of two writers, one wins); it is released with a
+conditional delete (If-Match the holder's ETag, so a holder whose lease was taken over never deletes the new one).
+After every successful write the lease is read back and must hold what was written. A store that answers
+NotImplemented to conditional writes gets the fallback: write only when a read finds what the condition wants, wait
+SETTLE_S, read back; it is best effort (two writers within a round trip may both win), and logged as such.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from neuronmodel_runtime.cache import (DEFAULT_LOCK_TTL_S, DEFAULT_POLL_S, ArtifactStore, CacheError, CacheKey,
-                                       CacheLockTimeout, Lease, _now_iso, _owner)
+from neuronmodel_runtime.cache import ArtifactStore, CacheError, LockState, lease_fields
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +137,10 @@ class S3Store(ArtifactStore):
         """The new lease's ETag, or None when the condition failed (someone else holds or took the lease)."""
         from botocore.exceptions import ClientError
 
-        if condition and not self._conditional:  # the fallback: create when a read finds none
-            if "IfMatch" in condition:
-                self._delete(name)  # an expired lease, without If-Match: delete it and race for the create
-                return None
-            return self._put_lease(name, body) if self._get(name) is None else None
+        if condition and not self._conditional:  # the fallback: write when a read finds what the condition wants
+            got = self._get(name)
+            wanted = got is None if "IfNoneMatch" in condition else got is not None and got[1] == condition["IfMatch"]
+            return self._put_lease(name, body) if wanted else None
         with self._errors(f"writing the lease {name}"):
             try:
                 return self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=body,
@@ -158,78 +155,46 @@ class S3Store(ArtifactStore):
         self._conditional = False
         return self._put_lease(name, body, **condition)
 
-    def _ours(self, name: str, owner: str) -> bool:
-        """The lease just written is there and names `owner` (after SETTLE_S without conditional writes)."""
+    def _ours(self, name: str, etag: Optional[str], body: bytes) -> Optional[str]:
+        """`etag` if the lease just written is there with this body (read back after SETTLE_S without conditional
+        writes), else None."""
+        if etag is None:
+            return None
         if not self._conditional:
             time.sleep(SETTLE_S)
         got = self._get(name)
-        return got is not None and _lease_info(got[0]).get("owner") == owner
+        return got[1] if got is not None and got[0] == body else None
 
-    @contextlib.contextmanager
-    def lock(self, key: CacheKey, ttl_s: float = DEFAULT_LOCK_TTL_S, wait_s: Optional[float] = None,
-             poll_s: float = DEFAULT_POLL_S) -> Iterator[Lease]:
-        name, owner = f"{key.digest}.lock", _owner()
-        deadline = time.monotonic() + (ttl_s if wait_s is None else wait_s)
-        while True:
-            lease = Lease(key.digest, owner, time.time() + ttl_s)
-            body = json.dumps({"owner": owner, "expires": lease.expires, "created": _now_iso()}).encode()
-            etag = self._put_lease(name, body, IfNoneMatch="*")
-            if etag is not None and self._ours(name, owner):
-                break
-            got = self._get(name)
-            if got is None:
-                continue  # released meanwhile: try again at once
-            info = _lease_info(got[0])
-            holder = f"{info.get('owner', 'an unreadable lease')} (expires {_iso(info.get('expires'))})"
-            expires = info.get("expires")
-            if time.time() > (expires if isinstance(expires, (int, float)) else got[2].timestamp() + 60):
-                etag = self._put_lease(name, body, IfMatch=got[1])
-                if etag is not None and self._ours(name, owner):
-                    log.warning("%s: took over the expired compile lease %s of %s", self.url, name, holder)
-                    lease = Lease(key.digest, owner, lease.expires, broke=holder)
-                    break
-                continue
-            if time.monotonic() >= deadline:
-                raise CacheLockTimeout(f"{self.url}: waited {ttl_s if wait_s is None else wait_s:.0f} s for the "
-                                       f"compile lease of key {key.digest}, held by {holder}; if no compile is "
-                                       f"running, delete s3://{self.bucket}/{self._key(name)}", key.digest, holder)
-            time.sleep(poll_s)
-        try:
-            yield lease
-        finally:
-            self._release(name, owner, etag)
+    def _lock_create(self, name: str, body: bytes) -> Optional[str]:
+        return self._ours(name, self._put_lease(name, body, IfNoneMatch="*"), body)
 
-    def _release(self, name: str, owner: str, etag: str) -> None:
+    def _lock_read(self, name: str) -> Optional[LockState]:
+        got = self._get(name)
+        return None if got is None else LockState(*lease_fields(got[0]), got[2].timestamp(), got[1])
+
+    def _lock_replace(self, name: str, seen: LockState, body: bytes) -> Optional[str]:
+        return self._ours(name, self._put_lease(name, body, IfMatch=seen.token), body)
+
+    def _lock_delete(self, name: str, token: str) -> bool:
         from botocore.exceptions import ClientError
 
         with self._errors(f"releasing the lease {name}"):
             try:
                 if self._conditional:
-                    self.client.delete_object(Bucket=self.bucket, Key=self._key(name), IfMatch=etag)
-                    return
+                    self.client.delete_object(Bucket=self.bucket, Key=self._key(name), IfMatch=token)
+                    return True
             except ClientError as exc:
                 if _code(exc) in _MISSING:
-                    return
+                    return True
                 if _code(exc) in _BUSY:
-                    log.warning("%s: the compile lease %s was taken over before its holder %s released it; its ttl "
-                                "was too short", self.url, name, owner)
-                    return
+                    return False
                 if _code(exc) != "NotImplemented":
                     raise
             got = self._get(name)  # no conditional delete: delete it if it is still ours
-            if got is not None and _lease_info(got[0]).get("owner") == owner:
-                self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+            if got is not None and got[1] != token:
+                return False
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+            return True
 
-
-def _lease_info(body: bytes) -> dict[str, Any]:
-    try:
-        info = json.loads(body)
-        return info if isinstance(info, dict) else {}
-    except ValueError:
-        return {}
-
-
-def _iso(epoch: Any) -> str:
-    if not isinstance(epoch, (int, float)):
-        return "unknown"
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+    def _lock_where(self, name: str) -> str:
+        return f"s3://{self.bucket}/{self._key(name)}"

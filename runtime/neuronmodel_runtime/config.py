@@ -93,6 +93,12 @@ class CompileCacheConfig(_Strict):
         "IfNotCached",
         description="IfNotCached: compile on a miss; Always: recompile and overwrite; Never: a miss is an error.",
     )
+    sharded_weights: bool = Field(
+        False,
+        description="Store the weights pre-sharded per TP rank with the compiled artifacts (NxDI's "
+        "save_sharded_checkpoint): a load then reads its rank's shard instead of sharding the checkpoint; the entry "
+        "grows by the model's size. framework nxdi (the reference runner always stores its converted weights).",
+    )
 
 
 class ServerConfig(_Strict):

@@ -117,7 +117,7 @@ def test_the_api_server_applies_the_defaults(crd, namespace):
     assert spec["sampling"] == {"onDevice": True, "globalTopK": 256}
     assert spec["speculation"] == {"mode": "none", "numSpeculativeTokens": 4, "promptLookupMin": 2,
                                    "promptLookupMax": 4}
-    assert spec["compileCache"] == {"policy": "IfNotCached"}
+    assert spec["compileCache"] == {"policy": "IfNotCached", "shardedWeights": False}
     assert spec["rollout"] == {"maxUnavailable": 0, "maxSurge": 1}
     assert spec["server"] == {"port": 8000}
     assert spec["model"] == {"source": "hf://org/model", "dtype": "auto"}

@@ -127,6 +127,11 @@ def test_tnx_on_trn2():
     assert "nxdi" in message  # the fix
 
 
+def test_tnx_with_sharded_weights():
+    message = refused(spec(framework="tnx", compileCache={"url": "s3://bucket/cache", "shardedWeights": True}))
+    assert message.startswith("spec.compileCache.shardedWeights") and "nxdi" in message
+
+
 def test_tnx_tp_only_trn2_holds():
     message = refused(spec(framework="tnx", parallelism={"tensorParallelDegree": 64}))
     assert message.startswith("spec.parallelism") and "64" in message
@@ -208,6 +213,7 @@ def test_compile_key_is_a_stable_sha256():
     ("image", "registry.example/neuronmodel-runtime:1.1"),
     ("instanceType", "trn1.32xlarge"),  # another family: other compiled graphs
     ("framework", "tnx"),
+    ("compileCache.shardedWeights", True),  # the artifacts then hold the weights too
 ])
 def test_compile_key_changes_with_what_changes_the_graphs(path, value):
     assert key(changed(BASE, path, value)) != key(BASE)

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -392,6 +393,28 @@ def test_compile_failure_propagates_and_releases_the_lock(store, tmp_path):
         pass
 
 
+def test_folders_of_crashed_compiles_are_swept(store, tmp_path):
+    """A compile killed mid-way (SIGKILL, the OOM killer) leaves its staging folder: the next prepare on the host
+    removes those whose process is gone, and leaves a live compile's and another host's alone."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host, local = socket.gethostname(), tmp_path / "local"
+    names = {"dead": f"local.partial-{host}-{dead.pid}-0badc0de", "old": f"local.old-{host}-{dead.pid}-0badc0df",
+             "ours": f"local.partial-{host}-{os.getpid()}-00000000",  # this pid, not in flight: a restarted container
+             "alive": f"local.partial-{host}-{alive.pid}-11111111", "other": f"local.partial-other-host-{dead.pid}-2"}
+    try:
+        for name in names.values():
+            (tmp_path / name / "weights").mkdir(parents=True)
+            (tmp_path / name / "weights" / "tp0.safetensors").write_bytes(b"w" * 4096)
+        prepare(store, cache_key(INPUTS), local, "IfNotCached", make_tree, poll_s=0.05)
+        assert leftovers(local) == sorted([names["alive"], names["other"]])
+    finally:
+        alive.kill()
+        alive.wait()
+    assert cache.sweep(local) == 1 and leftovers(local) == [names["other"]]
+
+
 def test_no_store_compiles_into_local(tmp_path):
     key, compiled = cache_key(INPUTS), []
     local = tmp_path / "local"
@@ -485,38 +508,104 @@ def test_lock_timeout_names_key_and_holder(store):
         pass
 
 
-def test_expired_lock_is_broken(store, caplog):
+HOLDER = textwrap.dedent("""
+    import logging, sys
+    from neuronmodel_runtime.cache import cache_key, open_store
+    logging.basicConfig(level=logging.WARNING)
+    url, digest_of, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    with open_store(url).lock(cache_key({"k": digest_of}), ttl_s=ttl, wait_s=0) as lease:
+        print(lease.owner, flush=True)
+        sys.stdin.readline()  # held until told to release it
+    print("released", flush=True)
+""")
+
+
+def hold(store_url: str, name: str, ttl_s: float) -> tuple[subprocess.Popen, str]:
+    """A compiler process holding the lock of cache_key({"k": name}); returns it and its lease's owner."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, store_url, name, str(ttl_s)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(RUNTIME)})
+    owner = proc.stdout.readline().strip()
+    assert owner, proc.communicate(timeout=30)[1]
+    return proc, owner
+
+
+def test_a_holder_renews_its_lease(store):
+    """A compile longer than the ttl keeps its lock: the holder renews it every ttl/3."""
     key = cache_key(INPUTS)
-    crashed = store.lock(key, ttl_s=1.0)
-    dead = crashed.__enter__()  # a compiler that died holding the lock
-    with pytest.raises(CacheLockTimeout):
-        with store.lock(key, wait_s=0.05, poll_s=0.02):
+    with store.lock(key, ttl_s=0.6) as held:
+        with pytest.raises(CacheLockTimeout, match=held.owner):
+            with store.lock(key, wait_s=2.0, poll_s=0.05):  # three ttls
+                pytest.fail("took over a lease that was being renewed")
+    with store.lock(key, wait_s=0):  # released
+        pass
+
+
+def test_a_killed_holder_blocks_for_at_most_its_ttl(store, caplog):
+    """A compiler killed while it compiles (SIGKILL, as the OOM killer does) stops renewing: its lease lapses after
+    one ttl and the next compiler takes it over."""
+    proc, dead = hold(store.url, "killed", 1.0)
+    key = cache_key({"k": "killed"})
+    with pytest.raises(CacheLockTimeout, match=dead):
+        with store.lock(key, wait_s=0.3, poll_s=0.05):
             pass
-    time.sleep(max(0.0, dead.expires - time.time()) + 0.05)
+    proc.kill()
+    proc.wait(10)
+    started = time.monotonic()
     with caplog.at_level(logging.WARNING):
-        with store.lock(key, ttl_s=60, wait_s=5, poll_s=0.05) as lease:
-            assert lease.broke and dead.owner in lease.broke and lease.owner != dead.owner
-            assert dead.owner in caplog.text and "expired" in caplog.text
-            caplog.clear()
-            crashed.__exit__(None, None, None)  # the old holder, back, must not release the new lock
-            assert "taken over" in caplog.text
-            with pytest.raises(CacheLockTimeout):
-                with store.lock(key, wait_s=0.05, poll_s=0.02):
+        with store.lock(key, ttl_s=60, wait_s=10, poll_s=0.05) as lease:
+            assert lease.broke and dead in lease.broke and lease.owner != dead
+    assert time.monotonic() - started < 1.5
+    assert "took over the expired compile lock" in caplog.text and dead in caplog.text
+
+
+def test_a_frozen_holder_never_releases_the_new_lock(store):
+    """A holder frozen past its ttl (SIGSTOP: a stalled node, a paused VM) loses its lease; when it runs again it
+    says so and leaves the new holder's lease alone."""
+    proc, frozen = hold(store.url, "frozen", 1.0)
+    key = cache_key({"k": "frozen"})
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        with store.lock(key, ttl_s=60, wait_s=10, poll_s=0.05) as lease:
+            assert frozen in lease.broke
+            os.kill(proc.pid, signal.SIGCONT)
+            out, err = proc.communicate("release\n", timeout=30)
+            assert "released" in out and "taken over" in err  # noticed by its renewal, or at its release
+            with pytest.raises(CacheLockTimeout, match=lease.owner):  # still held by the new holder
+                with store.lock(key, wait_s=0.1, poll_s=0.02):
                     pass
+    finally:
+        os.kill(proc.pid, signal.SIGCONT) if proc.poll() is None else None
     with store.lock(key, wait_s=0):
         pass
+
+
+def test_a_holder_whose_lock_was_taken_over_leaves_it_alone(store, caplog):
+    """The release of a lease taken over meanwhile (another pod found it expired) deletes nothing."""
+    key = cache_key(INPUTS)
+    name = f"{key.digest}.lock"
+    with caplog.at_level(logging.WARNING):
+        with store.lock(key, ttl_s=60) as held:
+            seen = store._lock_read(name)
+            assert seen.owner == held.owner
+            assert store._lock_replace(name, seen, cache.lease_body("another-pod", time.time() + 60)) is not None
+    assert "taken over" in caplog.text and held.owner in caplog.text
+    assert store._lock_read(name).owner == "another-pod"
+    with pytest.raises(CacheLockTimeout, match="another-pod"):
+        with store.lock(key, wait_s=0.1, poll_s=0.02):
+            pass
 
 
 def test_filesystem_unreadable_lock_expires_after_a_minute(tmp_path):
     store, key = FileStore(tmp_path), cache_key(INPUTS)
     lock = tmp_path / f"{key.digest}.lock"
     lock.write_text("")  # its owner died between the create and the write
-    with pytest.raises(CacheLockTimeout, match="an unreadable lock file"):
+    with pytest.raises(CacheLockTimeout, match="an unreadable lock"):
         with store.lock(key, wait_s=0.05, poll_s=0.02):
             pass
     os.utime(lock, (time.time() - 61, time.time() - 61))
     with store.lock(key, wait_s=1, poll_s=0.02) as lease:
-        assert lease.broke == "an unreadable lock file"
+        assert lease.broke == "an unreadable lock"
         assert json.loads(lock.read_text())["owner"] == lease.owner
     assert not lock.exists()
 
@@ -619,18 +708,20 @@ def test_s3_lease_uses_conditional_writes(s3):
     for op in ("PutObject", "DeleteObject"):
         store.client.meta.events.register(f"provide-client-params.s3.{op}",
                                           lambda params, _op=op, **kw: calls.append((_op, dict(params))))
-    with store.lock(key, ttl_s=0.2):
+    with store.lock(key):
         pass
     assert [(op, "IfNoneMatch" in p, "IfMatch" in p) for op, p in calls] == [("PutObject", True, False),
                                                                              ("DeleteObject", False, True)]
     calls.clear()
-    crashed = store.lock(key, ttl_s=0.2)
-    crashed.__enter__()
-    time.sleep(0.25)
-    with store.lock(key, wait_s=5, poll_s=0.05) as lease:
-        assert lease.broke
-    creates = [p for op, p in calls if op == "PutObject"]
-    assert [("IfNoneMatch" in p, "IfMatch" in p) for p in creates] == [(True, False), (True, False), (False, True)]
+    lapsed = json.dumps({"owner": "a-crashed-compiler", "expires": time.time() - 1}).encode()
+    s3.put_object(Bucket=BUCKET, Key=store._key(f"{key.digest}.lock"), Body=lapsed)
+    with store.lock(key, ttl_s=0.6, wait_s=5, poll_s=0.05) as lease:
+        assert "a-crashed-compiler" in lease.broke
+        time.sleep(0.5)  # one renewal
+    puts = [("IfNoneMatch" in p, "IfMatch" in p) for op, p in calls if op == "PutObject"]
+    assert puts[:2] == [(True, False), (False, True)]  # create (refused), take over
+    assert len(puts) > 2 and set(puts[2:]) == {(False, True)}  # renewals
+    assert [op for op, _ in calls][-1] == "DeleteObject" and "IfMatch" in calls[-1][1]
 
 
 def test_s3_fallback_without_conditional_writes(s3, monkeypatch, caplog):

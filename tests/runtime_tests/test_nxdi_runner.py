@@ -53,7 +53,7 @@ def test_the_neuron_config_of_a_runtime_config():
     assert kwargs == {
         "tp_degree": 1, "batch_size": 4, "ctx_batch_size": 1, "tkg_batch_size": 4, "max_batch_size": 4,
         "is_continuous_batching": True, "max_context_length": 32, "seq_len": 64, "torch_dtype": "float32",
-        "padding_side": "right", "enable_bucketing": True,
+        "padding_side": "right", "enable_bucketing": True, "save_sharded_checkpoint": False,
         "on_device_sampling_config": {"dynamic": True, "do_sample": True, "deterministic": False, "global_topk": 64},
     }
     spec = neuron_config_kwargs(config(speculation=SPEC))
@@ -128,6 +128,26 @@ def test_compile_writes_the_artifacts_into_the_store_without_loading(nxdi, tmp_p
     shutil.rmtree(artifacts.folder)  # a new pod: nothing local
     serving = loaded(config(compile_cache={"url": str(tmp_path / "pvc"), "policy": "Never"}))
     assert serving.info()["artifacts"]["source"] == "store" and model_base.COMPILES == 1
+
+
+def test_pre_sharded_weights_travel_with_the_artifacts_when_asked(nxdi, tmp_path):
+    """compile_cache.sharded_weights: the compile writes each rank's shard into the artifacts (NxDI's
+    save_sharded_checkpoint), the store holds them, and a new pod loads them; without it none are written and the
+    two are different entries."""
+    nxdi()
+    store = {"url": str(tmp_path / "pvc"), "sharded_weights": True}
+    cfg = config(parallelism={"tensor_parallel_degree": 2}, compile_cache=store)
+    artifacts = NxdiRunner(cfg, str(TINY / "target")).compile()
+    shards = ["weights/tp0_sharded_checkpoint.safetensors", "weights/tp1_sharded_checkpoint.safetensors"]
+    manifest = json.loads((tmp_path / "pvc" / artifacts.key.digest / "manifest.json").read_text())
+    assert set(shards) <= {f["path"] for f in manifest["files"]}
+    shutil.rmtree(artifacts.folder)  # a new pod
+    serving = loaded(config(parallelism={"tensor_parallel_degree": 2}, compile_cache={**store, "policy": "Never"}))
+    assert serving.info()["artifacts"]["source"] == "store"
+    assert all((Path(serving.info()["artifacts"]["folder"]) / s).is_file() for s in shards)
+    plain = NxdiRunner(config(parallelism={"tensor_parallel_degree": 2}, compile_cache={"url": store["url"]}),
+                       str(TINY / "target")).compile()
+    assert plain.key != artifacts.key and not (plain.folder / "weights").exists()
 
 
 def test_an_unsupported_model_type_lists_what_the_release_serves(nxdi, tmp_path):

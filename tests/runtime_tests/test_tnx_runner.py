@@ -205,6 +205,8 @@ def test_a_draft_of_the_wrong_kind_is_refused(tnx, eagle_draft):
              speculation={"mode": "draft", "draft_model": str(DRAFT), "num_speculative_tokens": K})
     with pytest.raises(RunnerError, match="promptLookup"):
         make(speculation={"mode": "promptLookup"})
+    with pytest.raises(RunnerError, match="compile_cache.sharded_weights .* use framework nxdi"):
+        make(compile_cache={"sharded_weights": True})
 
 
 # --- compiled artifacts ---------------------------------------------------------------------------------------------

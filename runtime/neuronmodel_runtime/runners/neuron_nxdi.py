@@ -128,6 +128,9 @@ def neuron_config_kwargs(config: RuntimeConfig, eagle3: bool = False,
         "torch_dtype": TORCH_DTYPES[config.dtype],
         "padding_side": "right",
         "enable_bucketing": True,  # NxDI buckets powers of two up to max_context_length / seq_len
+        # weights/tp{r}_sharded_checkpoint.safetensors in the artifacts, or sharded from the checkpoint at load (the
+        # default flipped between releases: always passed, so the artifacts' digest says which)
+        "save_sharded_checkpoint": config.compile_cache.sharded_weights,
     }
     if config.sampling.on_device:
         # dynamic: per-row params from the [B, 3] tensor; without it NxDI takes the argmax and ignores them. Fused

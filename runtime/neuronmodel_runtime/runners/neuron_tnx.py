@@ -217,6 +217,10 @@ class TnxRunner(ModelRunner):
         if cfg.speculation.mode == "promptLookup":
             raise RunnerError("speculation.mode 'promptLookup' is not served by the tnx runner (TNx speculates on "
                               "the device with a draft model or EAGLE); use draft or eagle, or framework torch")
+        if cfg.compile_cache.sharded_weights:
+            raise RunnerError("compile_cache.sharded_weights is not served by the tnx runner (transformers-neuronx "
+                              "saves pre-sharded weights only with on-device embedding); set it to false, or use "
+                              "framework nxdi")
         if self.k and not cfg.sampling.on_device:
             raise RunnerError("speculation.mode draft/eagle on TNx needs sampling.on_device=true (its fused "
                               "speculators sample on the device); set it, or speculation.mode none")
