@@ -18,21 +18,28 @@ def _free_port() -> int:
 
 
 class OperatorProcess:
-    """The operator of this checkout's venv, watching every namespace with `kubeconfig`, logging to `log`."""
+    """The operator of this checkout's venv, watching every namespace with `kubeconfig`, logging to `log`.
 
-    def __init__(self, kubeconfig: Path, log: Path, image: str, *args: str):
-        self.kubeconfig, self.log, self.image, self.args = kubeconfig, log, image, args
+    `image`: passed as --runtime-image (None: not passed, the env decides). `env`: the operator's environment as a
+    Deployment would set it (the chart's); given, the `NEURONMODEL_*` variables of this process are not inherited.
+    """
+
+    def __init__(self, kubeconfig: Path, log: Path, image: str | None, *args: str, env: dict[str, str] | None = None):
+        self.kubeconfig, self.log, self.image, self.args, self.env = kubeconfig, log, image, args, env
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90) -> None:
         """Start it and return once kopf answers its liveness probe (it does once it is watching)."""
         liveness = f"http://127.0.0.1:{_free_port()}/healthz"
         exe = Path(sys.executable).parent / "neuronmodel-operator"
+        env = dict(os.environ)
+        if self.env is not None:
+            env = {k: v for k, v in env.items() if not k.startswith("NEURONMODEL_")} | self.env
+        image = ["--runtime-image", self.image] if self.image else []
         with self.log.open("a") as out:
             self.process = subprocess.Popen(
-                [str(exe), "--kubeconfig", str(self.kubeconfig), "--liveness", liveness,
-                 "--runtime-image", self.image, *self.args],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                [str(exe), "--kubeconfig", str(self.kubeconfig), "--liveness", liveness, *image, *self.args],
+                stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + timeout
         while True:
             try:
