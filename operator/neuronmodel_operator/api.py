@@ -56,7 +56,7 @@ NAME_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # raw CEL strings, r'...': `\s` is not an escape CEL's ordinary string literals accept (the CRD would not install).
 _SOURCE_RE = (r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?"
               r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$")
-_CACHE_URL_RE = r"^(s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
+CACHE_URL_PATTERN = r"^(s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
 _SOURCE_FORMS = "hf://org/name, s3://bucket/prefix, pvc://claim/path or an absolute path"
 
 
@@ -156,7 +156,7 @@ class CompileCache(_Spec):
     url: Optional[str] = Field(
         None, description="Compiled-artifact cache: s3://bucket/prefix, pvc://claim/path or a node path. With "
         "policy IfNotCached or Always a compile Job fills it before the serving pods start.", max_length=1024,
-        json_schema_extra=_rules((f"self.matches(r'{_CACHE_URL_RE}')",
+        json_schema_extra=_rules((f"self.matches(r'{CACHE_URL_PATTERN}')",
                                   "compileCache.url must be s3://bucket/prefix, pvc://claim/path or an absolute path")))
     policy: Literal["IfNotCached", "Always", "Never"] = Field(
         "IfNotCached", description="IfNotCached: compile on a miss; Always: recompile; Never: serving pods never "

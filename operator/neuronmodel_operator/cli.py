@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -66,6 +67,15 @@ def parser() -> argparse.ArgumentParser:
                    f"(env {images.ENV_RUNTIME_IMAGE_VERSION})")
     p.add_argument("--hpa-metric", default=os.environ.get(api.ENV_HPA_METRIC, api.DEFAULT_HPA_METRIC),
                    help=f"queue metric of HPAs without spec.autoscaling.metric (env {api.ENV_HPA_METRIC})")
+    p.add_argument("--compile-cache-url", default=_env("COMPILE_CACHE_URL") or None,
+                   help="compile cache of every NeuronModel without spec.compileCache.url: s3://bucket/prefix, "
+                   "pvc://claim/path or an absolute path (env NEURONMODEL_OPERATOR_COMPILE_CACHE_URL); unset: none")
+    p.add_argument("--compile-cache-policy", choices=("IfNotCached", "Always", "Never"),
+                   default=_env("COMPILE_CACHE_POLICY", "IfNotCached"),
+                   help="its policy (env NEURONMODEL_OPERATOR_COMPILE_CACHE_POLICY)")
+    p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8081")),
+                   help="port of the operator's Prometheus /metrics, 0 for none (env "
+                   "NEURONMODEL_OPERATOR_METRICS_PORT)")
     p.add_argument("--workers", type=int, default=int(_env("WORKERS", "8")),
                    help="reconciles running at once (env NEURONMODEL_OPERATOR_WORKERS)")
     p.add_argument("--watch-timeout-s", type=float, default=float(_env("WATCH_TIMEOUT_S", "300")),
@@ -76,9 +86,22 @@ def parser() -> argparse.ArgumentParser:
 
 
 def operator_defaults(args: argparse.Namespace) -> OperatorDefaults:
-    """What fills the specs' unset fields: the runtime image (one for all, or chosen per family) and the HPA metric."""
+    """What fills the specs' unset fields: the runtime image (one for all, or chosen per family), the HPA metric and
+    the compile cache.
+
+    Raises:
+        api.SpecError: --compile-cache-url is not a cache URL (the message names it).
+    """
+    cache = None
+    if args.compile_cache_url:
+        if not re.match(api.CACHE_URL_PATTERN, args.compile_cache_url):
+            raise api.SpecError(f"--compile-cache-url (NEURONMODEL_OPERATOR_COMPILE_CACHE_URL) "
+                                f"{args.compile_cache_url!r} must be s3://bucket/prefix, pvc://claim/path or an "
+                                "absolute path")
+        cache = api.CompileCache(url=args.compile_cache_url, policy=args.compile_cache_policy)
     return OperatorDefaults(image=args.runtime_image, hpa_metric=args.hpa_metric,
-                            image_repository=args.runtime_image_repository, image_version=args.runtime_image_version)
+                            image_repository=args.runtime_image_repository, image_version=args.runtime_image_version,
+                            compile_cache=cache)
 
 
 def memo(args: argparse.Namespace) -> SimpleNamespace:
@@ -86,7 +109,10 @@ def memo(args: argparse.Namespace) -> SimpleNamespace:
     kube = Kube(connect(args.kubeconfig, pool_size=args.workers * 2))
     defaults = operator_defaults(args)
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
-    return SimpleNamespace(reconciler=handlers.Reconciler(Reconcile(kube, defaults), executor))
+    reconciler = handlers.Reconciler(Reconcile(kube, defaults), executor)
+    if args.metrics_port:
+        reconciler.metrics.serve(args.metrics_port)
+    return SimpleNamespace(reconciler=reconciler)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -27,6 +28,7 @@ import kopf
 
 from neuronmodel_operator import api
 from neuronmodel_operator.k8s import ApiError
+from neuronmodel_operator.metrics import OperatorMetrics, result_of
 from neuronmodel_operator.reconcile import Changes, Outcome, Reconcile
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,10 @@ class Reconciler:
     kicked: set[Key] = field(default_factory=set)  # a refresh is queued for these
     changes: dict[Key, Changes] = field(default_factory=dict)  # children whose events the queued refresh sees
     models: dict[Key, dict] = field(default_factory=dict)  # the latest copy of each NeuronModel the watch showed
+    metrics: OperatorMetrics = field(init=False)  # served by the CLI on --metrics-port
+
+    def __post_init__(self) -> None:
+        self.metrics = OperatorMetrics(self.models.values)
 
     async def run(self, key: Key, cleanup: bool, body: Optional[dict] = None,
                   changed: Optional[Changes] = None) -> Outcome:
@@ -63,8 +69,16 @@ class Reconciler:
             if changed is None:  # a full run covers every child event that arrived before it started
                 self.changes.pop(key, None)
                 self.kicked.discard(key)
-            outcome = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.reconcile, *key, cleanup, body, changed)
+            started, result = time.monotonic(), "error"
+            try:
+                outcome = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, self.reconcile, *key, cleanup, body, changed)
+                result = result_of(outcome)
+            except ApiError:
+                result = "api_error"
+                raise
+            finally:
+                self.metrics.observe(result, time.monotonic() - started)
         if outcome.gone:
             self.locks.pop(key, None)
         return outcome

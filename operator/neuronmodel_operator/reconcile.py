@@ -63,7 +63,7 @@ def _served_target(workload: Optional[dict], target: Target, defaults: OperatorD
     if served is None:
         return None
     try:
-        spec = api.parse_spec(json.loads(served))
+        spec = defaults.filled(api.parse_spec(json.loads(served)))
         resolved = resolve(spec, defaults)
     except (ValueError, api.SpecError):
         return None  # an annotation we cannot read is not worth holding a rollout for

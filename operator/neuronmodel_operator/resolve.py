@@ -22,13 +22,22 @@ class OperatorDefaults:
 
     The runtime image of a spec without `image` is `image` when set (one image for every model: tests, a local
     cluster, a mirror of one target), else the images.py target for the model's instance family and framework,
-    tagged `<image_repository>:<image_version>-<target>`.
+    tagged `<image_repository>:<image_version>-<target>`. A spec without compileCache.url gets `compile_cache`
+    (url and policy) when set: one cache for every model of the cluster.
     """
 
     image: Optional[str] = None  # --runtime-image: overrides the per-family choice for every model
     hpa_metric: str = api.DEFAULT_HPA_METRIC  # the queue metric the HPA averages
     image_repository: str = images.DEFAULT_REPOSITORY
     image_version: str = field(default_factory=images.package_version)
+    compile_cache: Optional[api.CompileCache] = None  # --compile-cache-url / --compile-cache-policy
+
+    def filled(self, spec: NeuronModelSpec) -> NeuronModelSpec:
+        """`spec` with the operator's compile cache when it names none of its own."""
+        if spec.compile_cache.url is not None or self.compile_cache is None:
+            return spec
+        cache = self.compile_cache.model_copy(update={"sharded_weights": spec.compile_cache.sharded_weights})
+        return spec.model_copy(update={"compile_cache": cache})
 
     def image_for(self, spec: NeuronModelSpec, family: Optional[str]) -> str:
         """The runtime image of `spec` on instance `family` (None: a node without Neuron)."""

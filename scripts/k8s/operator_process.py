@@ -27,10 +27,12 @@ class OperatorProcess:
     def __init__(self, kubeconfig: Path, log: Path, image: str | None, *args: str, env: dict[str, str] | None = None):
         self.kubeconfig, self.log, self.image, self.args, self.env = kubeconfig, log, image, args, env
         self.process: subprocess.Popen | None = None
+        self.metrics_port: int | None = None
 
     def start(self, timeout: float = 90) -> None:
         """Start it and return once kopf answers its liveness probe (it does once it is watching)."""
         liveness = f"http://127.0.0.1:{_free_port()}/healthz"
+        self.metrics_port = _free_port()  # its /metrics: operators started at once must not share a port
         exe = Path(sys.executable).parent / "neuronmodel-operator"
         env = dict(os.environ)
         if self.env is not None:
@@ -38,7 +40,8 @@ class OperatorProcess:
         image = ["--runtime-image", self.image] if self.image else []
         with self.log.open("a") as out:
             self.process = subprocess.Popen(
-                [str(exe), "--kubeconfig", str(self.kubeconfig), "--liveness", liveness, *image, *self.args],
+                [str(exe), "--kubeconfig", str(self.kubeconfig), "--liveness", liveness,
+                 "--metrics-port", str(self.metrics_port), *image, *self.args],
                 stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + timeout
         while True:

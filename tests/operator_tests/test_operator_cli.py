@@ -14,15 +14,18 @@ import pytest
 from kopf._cogs.structs import bodies, ephemera, patches, references
 from kopf._core.intents import causes, handlers as kopf_handlers
 
-from neuronmodel_operator import api, cli, handlers, images
+from neuronmodel_operator import api, cli, handlers, images, metrics
 from neuronmodel_operator.api import parse_spec
+from neuronmodel_operator.builders.common import target_from_body
+from neuronmodel_operator.builders.configmap import runtime_config
 from neuronmodel_operator.resolve import resolve
 
 ENV_NAMES = ("NEURONMODEL_OPERATOR_NAMESPACES", "NEURONMODEL_OPERATOR_LIVENESS", "NEURONMODEL_OPERATOR_LOG_FORMAT",
              "NEURONMODEL_OPERATOR_VERBOSE", "NEURONMODEL_OPERATOR_PEERING", "NEURONMODEL_OPERATOR_PRIORITY",
              "NEURONMODEL_OPERATOR_WORKERS", "NEURONMODEL_OPERATOR_WATCH_TIMEOUT_S", "NEURONMODEL_RUNTIME_IMAGE",
              "NEURONMODEL_RUNTIME_IMAGE_REPOSITORY", "NEURONMODEL_RUNTIME_IMAGE_VERSION", "NEURONMODEL_HPA_METRIC",
-             "KUBECONFIG")
+             "NEURONMODEL_OPERATOR_COMPILE_CACHE_URL", "NEURONMODEL_OPERATOR_COMPILE_CACHE_POLICY",
+             "NEURONMODEL_OPERATOR_METRICS_PORT", "KUBECONFIG")
 
 
 @pytest.fixture
@@ -52,6 +55,8 @@ def test_defaults_without_env(env):
     assert args.hpa_metric == "vllm:num_requests_waiting"
     assert args.workers == 8
     assert args.watch_timeout_s == 300.0
+    assert args.compile_cache_url is None and args.compile_cache_policy == "IfNotCached"
+    assert args.metrics_port == 8081
     assert args.kubeconfig is None
 
 
@@ -148,6 +153,58 @@ def test_runtime_image_overrides_every_family(env):
     assert _image(parse(), framework="torch", image="mine:1") == "mine:1"  # spec.image wins over everything
     env.setenv("NEURONMODEL_RUNTIME_IMAGE", "")  # set but empty (a chart value left blank): per family
     assert _image(parse(), framework="torch").endswith(":0.1.0-runtime-cpu")
+
+
+def _cache(args, **spec) -> dict:
+    body = {"model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "replicas": 1, "framework": "torch", **spec}
+    target = target_from_body({"metadata": {"name": "m", "namespace": "ns", "uid": "u"}, "spec": body},
+                              cli.operator_defaults(args))
+    return runtime_config(target, for_compile=True)["compile_cache"] | {"job": target.resolved.compile_job}
+
+
+def test_the_operator_compile_cache_fills_specs_without_one(env):
+    assert _cache(parse()) == {"url": None, "policy": "IfNotCached", "sharded_weights": False, "job": False}
+    env.setenv("NEURONMODEL_OPERATOR_COMPILE_CACHE_URL", "s3://team-cache/neuron")
+    env.setenv("NEURONMODEL_OPERATOR_COMPILE_CACHE_POLICY", "Always")
+    assert _cache(parse()) == {"url": "s3://team-cache/neuron", "policy": "Always", "sharded_weights": False,
+                               "job": True}
+    own = _cache(parse(), compileCache={"url": "pvc://mine/cache", "policy": "Never"})  # a spec's own cache wins
+    assert own["policy"] == "Never" and own["url"].startswith("/") and own["job"] is False
+    asked = _cache(parse(), compileCache={"shardedWeights": True})
+    assert asked["url"] == "s3://team-cache/neuron" and asked["sharded_weights"] is True
+
+
+@pytest.mark.parametrize("url", ["ftp://cache", "relative/path", "s3://"])
+def test_a_bad_operator_compile_cache_is_refused_at_start(env, url, capsys):
+    with pytest.raises(api.SpecError, match="--compile-cache-url .*must be s3://bucket/prefix"):
+        cli.operator_defaults(parse("--compile-cache-url", url))
+    with pytest.raises(SystemExit):
+        parse("--compile-cache-url", "s3://ok/x", "--compile-cache-policy", "Sometimes")
+
+
+def test_operator_metrics(env):
+    """/metrics: reconciles by result, their duration, and the watched NeuronModels by phase."""
+    from prometheus_client import generate_latest
+
+    from neuronmodel_operator.reconcile import Outcome
+
+    reconciler = handlers.Reconciler(reconcile=None, executor=None)
+    reconciler.models[("ns", "a")] = {"status": {"phase": "Ready"}}
+    reconciler.models[("ns", "b")] = {"status": {"phase": "Ready"}}
+    reconciler.models[("ns", "c")] = {}  # not reconciled yet
+    for outcome in (Outcome(), Outcome(held=True), Outcome(spec_error="spec.x: bad"), Outcome(gone=True)):
+        reconciler.metrics.observe(metrics.result_of(outcome), 0.2)
+    text = generate_latest(reconciler.metrics.registry).decode()
+    for line in ('neuronmodel_operator_models{phase="Ready"} 2.0', 'neuronmodel_operator_models{phase="Pending"} 1.0',
+                 'neuronmodel_operator_models{phase="Failed"} 0.0',
+                 'neuronmodel_operator_reconciles_total{result="ok"} 1.0',
+                 'neuronmodel_operator_reconciles_total{result="held"} 1.0',
+                 'neuronmodel_operator_reconciles_total{result="spec_error"} 1.0',
+                 'neuronmodel_operator_reconciles_total{result="gone"} 1.0',
+                 "neuronmodel_operator_reconcile_seconds_count 4.0"):
+        assert line in text, line
+    del reconciler.models[("ns", "a")]
+    assert 'neuronmodel_operator_models{phase="Ready"} 1.0' in generate_latest(reconciler.metrics.registry).decode()
 
 
 def test_log_format_is_checked(env, capsys):

@@ -57,7 +57,7 @@ def target_from_body(body: Mapping[str, Any], defaults: OperatorDefaults) -> Tar
         api.SpecError: the spec is invalid or cannot be served (the message names the field and the fix).
     """
     metadata = body["metadata"]
-    spec = api.parse_spec(body.get("spec") or {})
+    spec = defaults.filled(api.parse_spec(body.get("spec") or {}))
     return Target(name=metadata["name"], namespace=metadata["namespace"], uid=metadata["uid"], spec=spec,
                   resolved=resolve(spec, defaults), hpa_metric=defaults.hpa_metric)
 
