@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ TINY_SPEC = {"model": {"source": str(TINY)}, "framework": "torch", "replicas": 1
              "batching": {"maxBatchSize": 2, "maxContextLength": 128, "maxSeqLen": 256}}
 
 
-def test_tiny_sample_becomes_ready_with_its_children(api):
+def test_tiny_sample_becomes_ready_with_its_children(api, operator):
     api.apply(sample("tiny-torch"))
     name = sample("tiny-torch")["metadata"]["name"]
     body = api.phase(name, "Ready")
@@ -62,6 +63,12 @@ def test_tiny_sample_becomes_ready_with_its_children(api):
     table = api.plane.kubectl("get", "nm", "-n", api.ns).stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "FRAMEWORK", "TP", "READY", "ENDPOINT", "AGE"]
     assert table[1].split()[:6] == [name, "Ready", "torch", "1", "1/1", status["endpoint"]]
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as response:
+        scraped = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                   for line in response.read().decode().splitlines() if line and not line.startswith("#")}
+    assert scraped['neuronmodel_operator_models{phase="Ready"}'] >= 1
+    assert scraped['neuronmodel_operator_reconciles_total{result="ok"}'] >= 1
 
 
 def claim(api, name: str) -> None:
