@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# neuronmodel's runtime images: one target per supported base, each FROM the exact AWS Neuron inference Deep Learning
-# Container (DLC) tag the runners were written against. The table (target -> base -> SDK -> NxDI/TNx -> instance
+# neuronmodel's images: the operator (target `operator`, below the wheel stage), and the runtime images, one target per
+# supported base, each FROM the exact AWS Neuron inference Deep Learning Container (DLC) tag the runners were written
+# against. The table (target -> base -> SDK -> NxDI/TNx -> instance
 # families) is operator/neuronmodel_operator/images.py, the operator's default images come from it, and the README
 # shows it; tests/test_images.py checks that the three agree and lints this file (hadolint).
 #
@@ -26,6 +27,31 @@ COPY runtime/ runtime/
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && test -f /wheels/neuronmodel-*-py3-none-any.whl
 COPY docker/install-runtime.sh /wheels/
+
+# --- The operator: kopf and the Kubernetes client on the official slim Python, no torch --------------------------
+#   docker build --target operator --build-arg VERSION=0.1.0 -t ghcr.io/neuronmodel/neuronmodel-operator:0.1.0 .
+# Only the wheel's `operator` extra, under docker/operator-constraints.txt (every dependency pinned); the build fails
+# if torch got in anyway. UID/GID 65532 (no passwd entry needed: HOME is /tmp). Nothing is written outside /tmp
+# (no .pyc at run time: pip compiled them at install), so the pod runs with readOnlyRootFilesystem and an emptyDir
+# on /tmp. Ports: 8080 kopf's liveness (/healthz), 8081 the operator's /metrics.
+FROM python:3.12-slim-bookworm AS operator
+ARG VERSION
+ARG REVISION
+LABEL org.opencontainers.image.title="neuronmodel-operator" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
+LABEL org.opencontainers.image.description="neuronmodel operator: reconciles NeuronModels into serving pods on AWS Neuron" \
+      org.opencontainers.image.base.name="python:3.12-slim-bookworm" \
+      dev.neuronmodel.target="operator"
+ENV HOME=/tmp TMPDIR=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+COPY docker/operator-constraints.txt /tmp/wheels/
+COPY --from=wheel /wheels/neuronmodel-*.whl /tmp/wheels/
+RUN set -- /tmp/wheels/neuronmodel-*.whl \
+ && python -m pip install --no-cache-dir --constraint /tmp/wheels/operator-constraints.txt "$1[operator]" \
+ && rm -rf /tmp/wheels \
+ && if python -c "import torch" 2> /dev/null; then echo "operator: torch got into the image" >&2; exit 1; fi \
+ && neuronmodel-operator --help > /dev/null
+USER 65532:65532
+EXPOSE 8080 8081
+ENTRYPOINT ["neuronmodel-operator"]
 
 # --- The Neuron targets ------------------------------------------------------------------------------------------
 # They differ only in FROM and labels. install-runtime.sh puts the wheel in without replacing the base's torch,

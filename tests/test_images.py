@@ -3,7 +3,8 @@ and the three places that must say the same — the Dockerfile's targets, the RE
 runners were written against (runtime/neuronmodel_runtime/releases.py) — plus what every runtime target must be
 (non-root, `neuronmodel-runtime serve`, the shared wheel, the base's torch and Neuron packages untouched), the script
 every target runs to get there (docker/install-runtime.sh: read, and run against stand-ins for pip, getent, useradd,
-...), and hadolint's verdict on the Dockerfile.
+...), the operator target (only the `operator` extra, no torch, pinned, UID 65532, nothing written outside /tmp),
+and hadolint's verdict on the Dockerfile.
 """
 
 from __future__ import annotations
@@ -388,6 +389,143 @@ def test_the_base_check_fails_the_build_when_the_install_changed_the_base():
     assert "exit 1" in lines and lines[-1] == "neuronmodel-runtime --help > /dev/null"
 
 
+# --- the operator target ---------------------------------------------------------------------------------------
+# kopf and the Kubernetes client on the official slim Python: only the wheel's `operator` extra (never torch), every
+# dependency pinned by docker/operator-constraints.txt, a numeric non-root user, nothing written outside /tmp.
+
+OPERATOR = BY_NAME.get("operator")
+OPERATOR_BASE = "python:3.12-slim-bookworm"
+OPERATOR_USER = "65532:65532"
+CONSTRAINTS = ROOT / "docker" / "operator-constraints.txt"
+
+
+def operator_stage() -> Stage:
+    assert OPERATOR is not None, "the Dockerfile has no `operator` target (FROM ... AS operator)"
+    return OPERATOR
+
+
+def test_the_operator_target_is_the_pinned_slim_python_after_the_wheel_stage():
+    stage = operator_stage()
+    assert stage.base == OPERATOR_BASE, "the official slim Python, pinned to a release and a Debian"
+    assert STAGES.index(stage) > STAGES.index(BY_NAME[WHEEL_STAGE])
+    got = labels(stage)
+    assert got["org.opencontainers.image.title"] == "neuronmodel-operator"
+    assert got["org.opencontainers.image.base.name"] == OPERATOR_BASE
+    assert got["dev.neuronmodel.target"] == "operator"
+    for key in ("description", "version", "revision", "licenses"):
+        assert got.get(f"org.opencontainers.image.{key}"), f"operator: label org.opencontainers.image.{key}"
+    assert got["org.opencontainers.image.version"] == "${VERSION}"
+    python = re.fullmatch(r"python:(\d+\.\d+)-slim-\w+", stage.base).group(1)
+    requires = re.search(r'^requires-python\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert f"{python}.0" in SpecifierSet(requires)
+
+
+def test_the_operator_runs_as_65532_with_nothing_to_write_outside_tmp():
+    stage = operator_stage()
+    user = stage.last("USER")
+    assert user is not None and user.args == OPERATOR_USER, "USER 65532:65532 (numeric: runAsNonRoot can check it)"
+    assert user.line > max(i.line for i in stage.all("RUN")), "nothing runs as root after the last USER"
+    assert exec_form(stage.last("ENTRYPOINT")) == ["neuronmodel-operator"]
+    assert stage.last("CMD") is None, "the chart passes flags as environment variables"
+    variables = env(stage)
+    assert variables["PYTHONDONTWRITEBYTECODE"] == "1", "no __pycache__ written next to a read-only site-packages"
+    assert variables["HOME"] == variables["TMPDIR"] == "/tmp", "the pod's only writable folder (an emptyDir)"
+    assert not stage.all("VOLUME") and stage.last("WORKDIR") is None
+
+
+def test_the_operator_target_installs_only_the_operator_extra_of_the_shared_wheel():
+    stage = operator_stage()
+    copies = [c.args.split() for c in stage.all("COPY")]
+    assert [f"--from={WHEEL_STAGE}", "/wheels/neuronmodel-*.whl", WHEELS_IN_TARGET] in copies, \
+        "the wheel of the shared stage, not its runtime install script"
+    assert [str(CONSTRAINTS.relative_to(ROOT)), WHEELS_IN_TARGET] in copies
+    (install,) = pip_installs(stage)
+    extras = [word for word in install if "[" in word]
+    assert extras == ["$1[operator]"], f"the wheel with the operator extra only, not {extras}"
+    assert install[install.index("--constraint") + 1] == WHEELS_IN_TARGET + CONSTRAINTS.name
+    assert not {requirement_name(word) for word in install} & {"torch", "neuronmodel"}
+    assert not (forbidden := {"-U", "--upgrade", "--no-deps", "--force-reinstall"} & set(install)), forbidden
+    runs = " ".join(shell(stage, SCRIPT_TEXT))
+    assert 'python -c "import torch"' in runs and "exit 1" in runs, "the build fails if torch got in anyway"
+    assert "neuronmodel-operator --help" in runs and f"rm -rf {WHEELS_IN_TARGET.rstrip('/')}" in runs
+
+
+def operator_extra() -> list[str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib
+    return tomllib.loads(text)["project"]["optional-dependencies"]["operator"]
+
+
+def closure(requirements: list[str], python: str) -> dict[str, list]:
+    """Every distribution `requirements` pull in under Python `python`, read from the installed distributions'
+    metadata: name -> the Requirements that name it."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    environment = {"python_version": python, "python_full_version": f"{python}.0"}
+    found: dict[str, list] = {}
+    todo = [(Requirement(r), "") for r in requirements]
+    while todo:
+        requirement, extra = todo.pop()
+        if requirement.marker and not requirement.marker.evaluate({**environment, "extra": extra}):
+            continue
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        seen = name in found
+        found.setdefault(name, []).append(requirement)
+        if seen and not requirement.extras:
+            continue
+        try:
+            requires = metadata.requires(requirement.name) or []
+        except metadata.PackageNotFoundError:
+            pytest.fail(f"{requirement.name} (needed by the operator extra) is not installed: pip install -e '.[operator]'")
+        for extra_name in ("", *requirement.extras):
+            todo += [(Requirement(r), extra_name) for r in requires]
+    return found
+
+
+def pins() -> dict[str, str]:
+    out = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"{CONSTRAINTS.name}: {line!r} is not name==version"
+            out[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return out
+
+
+def test_the_operator_extra_pulls_no_torch():
+    python = re.fullmatch(r"python:(\d+\.\d+)-.*", OPERATOR_BASE).group(1)
+    needed = closure(operator_extra(), python)
+    assert "kopf" in needed and "kubernetes" in needed
+    assert not {"torch", "transformers", "neuronmodel"} & set(needed), sorted(needed)
+
+
+def test_the_constraints_pin_the_operator_extra_inside_its_bounds_and_no_torch():
+    # The transitive pins come from pip's resolution (the file's header); here: each package the extra names is
+    # pinned inside its bounds, and nothing of the runtime is. (A dependency the pins miss installs unpinned.)
+    from packaging.requirements import Requirement
+
+    pinned = pins()
+    for text in operator_extra():
+        requirement = Requirement(text)
+        if requirement.marker and not requirement.marker.evaluate({"python_version": "3.12", "extra": ""}):
+            continue
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        assert name in pinned, f"{CONSTRAINTS.name}: {requirement.name} of the operator extra is not pinned"
+        assert requirement.specifier.contains(pinned[name], prereleases=True), \
+            f"{CONSTRAINTS.name}: {name}=={pinned[name]} is outside pyproject's {requirement} (regenerate it)"
+    assert not {"torch", "transformers", "fastapi", "uvicorn", "neuronmodel"} & set(pinned)
+
+
+def test_the_closure_follows_extras_and_markers():
+    needed = closure(["pytest>=8; python_version >= '3.11'", "nothing-of-this-name; python_version < '3.0'"], "3.12")
+    assert "pytest" in needed and "pluggy" in needed and "nothing-of-this-name" not in needed
+
+
 # --- the install script, run against stand-ins ------------------------------------------------------------------
 # docker/install-runtime.sh runs here under dash (the bases' /bin/sh), with python (pip list/install), getent,
 # groupadd, useradd, chown and neuronmodel-runtime replaced by small scripts that log their argv: what it does on a
@@ -687,8 +825,10 @@ def test_hadolint_config_ignores_nothing_it_does_not_justify():
     assert re.search(r"^failure-threshold:\s*info\b", text, re.M), "every finding fails, infos too"
 
 
-def test_hadolint_would_catch_a_root_user():
-    bad = TEXT.replace("USER 1000:1000", "USER root")
+@pytest.mark.parametrize("user", ["USER 1000:1000", f"USER {OPERATOR_USER}"])
+def test_hadolint_would_catch_a_root_user(user):
+    assert user in TEXT
+    bad = TEXT.replace(user, "USER root")
     out = subprocess.run([hadolint(), "--no-color", "--config", str(ROOT / ".hadolint.yaml"), "-"], input=bad,
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and ("DL3002" in out.stdout or "DL3066" in out.stdout), out.stdout
