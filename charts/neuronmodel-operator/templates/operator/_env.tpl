@@ -1,0 +1,39 @@
+{{/* The operator's environment: one variable per `neuronmodel-operator` flag (operator/neuronmodel_operator/cli.py). */}}
+{{- define "neuronmodel-operator.env" -}}
+{{- with .Values.watchNamespaces }}
+- name: NEURONMODEL_OPERATOR_NAMESPACES
+  value: {{ join "," . | quote }}
+{{- end }}
+- name: NEURONMODEL_OPERATOR_LIVENESS
+  value: {{ printf "http://0.0.0.0:%d/healthz" (int .Values.liveness.port) | quote }}
+- name: NEURONMODEL_OPERATOR_METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: NEURONMODEL_OPERATOR_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+- name: NEURONMODEL_OPERATOR_WORKERS
+  value: {{ .Values.workers | quote }}
+- name: NEURONMODEL_OPERATOR_WATCH_TIMEOUT_S
+  value: {{ .Values.watchTimeoutSeconds | quote }}
+{{- if .Values.peering.enabled }}
+- name: NEURONMODEL_OPERATOR_PEERING
+  value: {{ .Values.peering.name | quote }}
+{{- end }}
+- name: NEURONMODEL_OPERATOR_PRIORITY
+  value: {{ .Values.priority | quote }}
+- name: NEURONMODEL_RUNTIME_IMAGE_REPOSITORY
+  value: {{ .Values.runtimeImage.repository | quote }}
+- name: NEURONMODEL_RUNTIME_IMAGE_VERSION
+  value: {{ .Values.runtimeImage.version | default .Chart.AppVersion | quote }}
+{{- with .Values.runtimeImage.image }}
+- name: NEURONMODEL_RUNTIME_IMAGE
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.compileCache.url }}
+- name: NEURONMODEL_OPERATOR_COMPILE_CACHE_URL
+  value: {{ . | quote }}
+{{- end }}
+- name: NEURONMODEL_OPERATOR_COMPILE_CACHE_POLICY
+  value: {{ .Values.compileCache.policy | quote }}
+- name: NEURONMODEL_HPA_METRIC
+  value: {{ .Values.hpaMetric | quote }}
+{{- end -}}
