@@ -86,6 +86,14 @@ cluster: k8s-bin
 cluster-down: $(STAMP)
 	PYTHONPATH=scripts $(PY) -m k8s.cluster down
 
+## The chart, packaged for an OCI registry: $(CHART_DEST)/neuronmodel-operator-<version>.tgz (dist/ is gitignored).
+## Publish: helm push <tgz> oci://<registry>/charts (tests/integration/test_chart_oci.py pushes to a local registry).
+CHART_DEST ?= dist/charts
+.PHONY: chart
+chart: k8s-bin
+	"$$(PYTHONPATH=scripts $(PY) -c 'from k8s import install; print(install.bin_dir())')/helm" package \
+	  charts/neuronmodel-operator --destination $(CHART_DEST)
+
 clean:
 	rm -rf $(VENV) $(VENV312) .pytest_cache
 
