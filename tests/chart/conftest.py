@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chart_sync  # noqa: E402
+from chart_objects import objects  # noqa: E402
 
 HELM_MAJORS = ("helm", "helm3")
 
@@ -30,21 +31,8 @@ def helm(request) -> str:
     return request.param
 
 
-def objects(text: str) -> list[dict]:
-    return [doc for doc in yaml.safe_load_all(text) if doc]
-
-
 @pytest.fixture(scope="session")
 def rendered() -> dict[str, list[dict]]:
     """case -> the objects Helm 4 renders for tests/chart/values/<case>.yaml."""
     need_helm("helm")
     return {case: objects(chart_sync.golden_text(values)) for case, values in chart_sync.cases().items()}
-
-
-def find(docs: list[dict], kind: str) -> list[dict]:
-    return [doc for doc in docs if doc["kind"] == kind]
-
-
-def find_one(docs: list[dict], kind: str) -> dict:
-    (found,) = find(docs, kind)
-    return found
