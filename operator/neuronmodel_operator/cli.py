@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import logging
 import os
+import random
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +54,9 @@ def parser() -> argparse.ArgumentParser:
                    help="kopf peering object name for several replicas; '' = standalone, the default for one "
                    "replica (env NEURONMODEL_OPERATOR_PEERING)")
     p.add_argument("--priority", type=int, default=int(_env("PRIORITY", "0")),
-                   help="peering priority; give each replica a different one (env NEURONMODEL_OPERATOR_PRIORITY)")
+                   help="peering priority; 0 with --peering: a random one, so that the replicas of one Deployment "
+                   "differ (kopf freezes every operator whose priority equals another's) (env "
+                   "NEURONMODEL_OPERATOR_PRIORITY)")
     p.add_argument("--runtime-image", default=os.environ.get(api.ENV_RUNTIME_IMAGE) or None,
                    help="one runtime image for every spec without spec.image, instead of the image chosen per "
                    f"instance family and framework (env {api.ENV_RUNTIME_IMAGE}); unset: "
@@ -104,6 +107,14 @@ def operator_defaults(args: argparse.Namespace) -> OperatorDefaults:
                             compile_cache=cache)
 
 
+def peering_priority(args: argparse.Namespace) -> int:
+    """The priority kopf gets: as given, or with --peering and none given a random one (the replicas of one
+    Deployment share their environment, and two operators of equal priority both freeze)."""
+    if args.peering and not args.priority:
+        return random.SystemRandom().randint(1, 2**31 - 1)
+    return args.priority
+
+
 def memo(args: argparse.Namespace) -> SimpleNamespace:
     """What every handler receives as `memo`: the reconciler and its thread pool."""
     kube = Kube(connect(args.kubeconfig, pool_size=args.workers * 2))
@@ -129,7 +140,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         asyncio.run(kopf.operator(
             registry=handlers.registry, settings=settings, memo=memo(args),
-            standalone=not args.peering, peering_name=args.peering or None, priority=args.priority,
+            standalone=not args.peering, peering_name=args.peering or None, priority=peering_priority(args),
             clusterwide=not args.namespaces, namespaces=args.namespaces,
             liveness_endpoint=args.liveness or None))
     except KeyboardInterrupt:

@@ -207,6 +207,16 @@ def test_operator_metrics(env):
     assert 'neuronmodel_operator_models{phase="Ready"} 1.0' in generate_latest(reconciler.metrics.registry).decode()
 
 
+def test_replicas_of_one_deployment_get_different_peering_priorities(env):
+    """They share their environment; kopf freezes every operator whose priority equals another's."""
+    env.setenv("NEURONMODEL_OPERATOR_PEERING", "neuronmodel")
+    priorities = {cli.peering_priority(parse()) for _ in range(8)}
+    assert len(priorities) == 8 and all(p > 0 for p in priorities)
+    assert cli.peering_priority(parse("--priority", "7")) == 7  # given: kept
+    env.delenv("NEURONMODEL_OPERATOR_PEERING")
+    assert cli.peering_priority(parse()) == 0  # standalone: no peering, no priority
+
+
 def test_log_format_is_checked(env, capsys):
     with pytest.raises(SystemExit):
         parse("--log-format", "xml")
