@@ -151,3 +151,44 @@ def as_dict(obj: Any) -> Any:
     from kubernetes import client as kube
 
     return kube.ApiClient().sanitize_for_serialization(obj)
+
+
+# --- prometheus-operator's ServiceMonitor and PodMonitor, as far as a chart may use them -----------------------------
+
+#: prometheus-operator's Duration (monitoring.coreos.com/v1): "30s", "1m30s", "0".
+DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+_SELECTOR = {"type": "object", "x-kubernetes-map-type": "atomic", "properties": {
+    "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+    "matchExpressions": {"type": "array", "items": {"type": "object", "required": ["key", "operator"], "properties": {
+        "key": {"type": "string"}, "operator": {"type": "string"},
+        "values": {"type": "array", "items": {"type": "string"}}}}}}}
+_ENDPOINT = {"type": "object", "properties": {
+    "port": {"type": "string"}, "path": {"type": "string"}, "scheme": {"type": "string", "enum": ["http", "https"]},
+    "interval": {"type": "string", "pattern": DURATION}, "scrapeTimeout": {"type": "string", "pattern": DURATION},
+    "honorLabels": {"type": "boolean"}}}
+
+
+def monitoring_crds() -> list[dict]:
+    """ServiceMonitor and PodMonitor CRDs whose structural schema is a SUBSET of prometheus-operator's v1 schema
+    (example/prometheus-operator-crd/monitoring.coreos.com_{servicemonitors,podmonitors}.yaml): the same names,
+    types, Duration pattern and required fields (spec, spec.selector) for selector, namespaceSelector, jobLabel,
+    target labels and an endpoint's port/path/scheme/interval/scrapeTimeout/honorLabels. Anything else is absent, so
+    kubectl's strict field validation rejects a chart field outside that subset (a false alarm to extend here,
+    never a silent pass); what they accept, the full CRDs accept too."""
+    def crd(kind: str, plural: str, endpoints: str, target_labels: str) -> dict:
+        spec = {"type": "object", "required": ["selector"], "properties": {
+            "selector": _SELECTOR, "jobLabel": {"type": "string"},
+            target_labels: {"type": "array", "items": {"type": "string"}},
+            "namespaceSelector": {"type": "object", "properties": {
+                "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}},
+            endpoints: {"type": "array", "items": _ENDPOINT}}}
+        return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+                "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                         "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural,
+                                   "singular": kind.lower()},
+                         "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                             "type": "object", "required": ["spec"], "properties": {"spec": spec}}}}]}}
+
+    return [crd("ServiceMonitor", "servicemonitors", "endpoints", "targetLabels"),
+            crd("PodMonitor", "podmonitors", "podMetricsEndpoints", "podTargetLabels")]
