@@ -228,3 +228,22 @@ def test_describe_shows_the_status_and_the_operators_events(kubectl, namespace, 
 def _words_lines(text: str) -> str:
     """describe aligns values with runs of spaces: collapse them to two, per line."""
     return "\n".join(re.sub(r"(\S):\s+", r"\1:  ", line.strip()) for line in text.splitlines())
+
+
+# --- docs/eks.md -------------------------------------------------------------------------------------------------
+
+def test_the_neuronmodels_of_docs_eks_pass_the_api_servers_checks(kubectl, namespace):
+    """Every NeuronModel YAML of docs/eks.md goes through the CRD's schema and CEL rules (tests/test_docs.py runs
+    them through the operator's parser)."""
+    text = (ROOT / "docs" / "eks.md").read_text()
+    found = [doc for block in re.findall(r"^```yaml\n(.*?)^```", text, flags=re.S | re.M)
+             for doc in yaml.safe_load_all(block) if doc and doc.get("kind") == api.KIND]
+    assert len(found) >= 3
+    for body in found:
+        body["metadata"].pop("namespace", None)  # the page's namespace is llm; this test has its own
+        out = kubectl("apply", "--dry-run=server", "--server-side", "--field-manager=test-user", "-n", namespace,
+                      "-f", "-", stdin=json.dumps(body), check=False)
+        assert out.returncode == 0, f"{body['metadata']['name']}: {out.stderr}"
+    broken = {**found[0], "spec": {**found[0]["spec"], "replicas": 1, "autoscaling": {"maxReplicas": 2}}}
+    refused = kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=json.dumps(broken), check=False)
+    assert refused.returncode != 0 and "set exactly one of spec.replicas" in refused.stderr
