@@ -60,7 +60,8 @@ def model(name: str) -> dict:
 
 def first_model() -> dict:
     """The inf2.xlarge model of "A first model" (the autoscaling section reuses its name)."""
-    return next(body for body in neuron_models() if body["metadata"]["name"] == "llama-1b" and "replicas" in body["spec"])
+    return next(body for body in neuron_models()
+                if body["metadata"]["name"] == "llama-1b" and "replicas" in body["spec"])
 
 
 # --- the YAML blocks ---------------------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ def test_the_cpu_dry_run_is_the_torch_runner_on_any_node():
     assert "tolerations" not in pod.pod_spec(smol, pod.SERVE_COMMAND, "serve")  # no Neuron taint to tolerate
     assert smol.resolved.image == images.default_image(None, "torch")
     tiny = yaml.safe_load((ROOT / "crds" / "samples" / "tiny-torch.yaml").read_text())
-    assert f"`crds/samples/tiny-torch.yaml`" in TEXT and f"(`{tiny['spec']['model']['source']}`)" in TEXT
+    assert "`crds/samples/tiny-torch.yaml`" in TEXT and f"(`{tiny['spec']['model']['source']}`)" in TEXT
 
 
 def test_the_first_model_resolves_to_what_the_page_says():
@@ -262,7 +263,8 @@ def test_the_helm_values_the_page_names_exist():
         if not key.startswith(("npd.", "scheduler.", "draDriver.")):  # AWS's neuron-helm-chart
             assert _has(values, key), key
     table = TEXT[TEXT.index("| value | default | meaning |"):TEXT.index("For example, one S3 cache")]
-    named = {name for row in table.splitlines()[2:] if row.startswith("|") for name in re.findall(r"`([a-zA-Z][\w.]*)`", row.split("|")[1])}
+    named = {name for row in table.splitlines()[2:] if row.startswith("|")
+             for name in re.findall(r"`([a-zA-Z][\w.]*)`", row.split("|")[1])}
     assert len(named) >= 25
     for key in named:
         assert _has(values, key), key
@@ -310,7 +312,8 @@ def test_the_prometheus_adapter_rule_and_names_are_what_the_chart_renders(tmp_pa
                               "HELM_CONFIG_HOME": str(tmp_path / "cfg"), "HELM_DATA_HOME": str(tmp_path / "d")})
     assert out.returncode == 0, out.stderr
     rendered = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
-    config_map = next(d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-adapter-rule"))
+    config_map = next(d for d in rendered
+                      if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-adapter-rule"))
     assert f"`{config_map['metadata']['name']}`" in TEXT
     rule = yaml.safe_load(config_map["data"]["config.yaml"])
     documented = next(doc for doc in yaml_documents() if "rules" in doc)
