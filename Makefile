@@ -97,8 +97,10 @@ chart: k8s-bin
 clean:
 	rm -rf $(VENV) $(VENV312) .pytest_cache
 
-## Regenerate the CRD (from operator/neuronmodel_operator/api.py) and the builders' golden manifests.
+## Regenerate the CRD (from operator/neuronmodel_operator/api.py), the builders' golden manifests, and the chart's
+## copies of the CRD and the RBAC rules with its golden renders (scripts/chart_sync.py).
 .PHONY: generate
 generate: $(STAMP)
 	$(PY) -m neuronmodel_operator.crdgen
 	$(PY) tests/operator_tests/golden.py
+	$(PY) scripts/chart_sync.py
