@@ -52,6 +52,10 @@ COVERED_ELSEWHERE = {
     "kubectl scale nm tiny-torch --replicas=2": "tests/integration/test_operator.py",
     # the compile Job's command, on the NxDI fake with a filesystem store
     "neuronmodel-runtime compile --config /etc/neuronmodel/config.json": "tests/runtime_tests/test_compile_job.py",
+    # the chart: installed from a checkout and from the OCI registry `make chart` feeds, on the same control plane
+    "helm install neuronmodel charts/neuronmodel-operator -n neuronmodel-system --create-namespace":
+        "tests/integration/test_chart_install.py",
+    "make chart": "tests/integration/test_chart_oci.py",
 }
 
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
