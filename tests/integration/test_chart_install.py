@@ -36,7 +36,8 @@ GROUP, VERSION, PLURAL = "neuronmodel.dev", "v1alpha1", "neuronmodels"
 CRDS = sorted((CHART / "crds").glob("*.yaml"))
 #: The CRDs of the chart's crds/ (Helm installs them before the templates, skips existing ones, never deletes them).
 CRD_NAMES = sorted(d["metadata"]["name"] for p in CRDS for d in yaml.safe_load_all(p.read_text()) if d)
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
+              "pod-security.kubernetes.io/warn": "restricted"}  # warn: workload objects (the Deployment) too
 #: Where the chart's Deployment would pull from: kwok never pulls, the value only has to reach the pod spec.
 IMAGE = {"image": {"repository": "registry.example.com/neuronmodel-operator", "tag": "test"}}
 
@@ -105,6 +106,13 @@ def helm_home(tmp_path_factory) -> Path:
 
 def helm_for(control_plane, helm_home, binary: str) -> Helm:
     return Helm(control_plane, helm_home / binary, binary)
+
+
+def pod_security_warnings(plane, objects: list[dict]) -> str:
+    """PodSecurity's warnings (a namespace's `warn` label) about the rendered workloads, from a server dry run
+    (Helm 3 and 4 do not print the API server's warnings)."""
+    applied = plane.kubectl("apply", "--dry-run=server", "-f", "-", stdin=manifest_text(objects))
+    return "\n".join(line for line in applied.stderr.splitlines() if "PodSecurity" in line)
 
 
 class Cluster:
@@ -270,9 +278,10 @@ def test_watch_namespaces_under_the_restricted_pod_security_standard(control_pla
     helm = helm_for(control_plane, helm_home, "helm3")
     home, a, b = namespaces(RESTRICTED), namespaces(RESTRICTED), namespaces()
     name = "nmwatch"
-    out = helm.install(name, home, {**IMAGE, "watchNamespaces": [a]}, "--wait", "--timeout", "120s")
+    values = {**IMAGE, "watchNamespaces": [a]}
+    assert pod_security_warnings(control_plane, helm.template(name, home, values)) == ""
+    helm.install(name, home, values, "--wait", "--timeout", "120s")
     try:
-        assert "PodSecurity" not in out.stdout + out.stderr, "a workload warning of PodSecurity admission"
         objects = installed(helm, name, home)
         (deployment,) = objects["Deployment"]
         # the restricted namespace admitted the operator pod: the ReplicaSet created it
@@ -340,9 +349,23 @@ def test_watch_namespaces_under_the_restricted_pod_security_standard(control_pla
         helm.uninstall(name, home, check=False)
 
 
-def test_a_pod_without_run_as_non_root_is_refused_by_the_restricted_namespace(cluster, namespaces):
-    """The control of the test above: the restricted level is really enforced on this apiserver."""
+def test_a_pod_without_run_as_non_root_is_refused_by_the_restricted_namespace(cluster, namespaces, control_plane,
+                                                                             helm_home):
+    """The controls of the test above: the restricted level is really enforced on this apiserver, and the checks
+    there see it: the chart with runAsNonRoot taken out of its values is warned about and its pod refused."""
     namespace = namespaces(RESTRICTED)
+    helm = helm_for(control_plane, helm_home, "helm3")
+    rootful = {**IMAGE, "podSecurityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+               "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
+    warned = pod_security_warnings(control_plane, helm.template("nmroot", namespace, rootful))
+    assert "runAsNonRoot" in warned, warned
+    helm.install("nmroot", namespace, rootful)
+    try:
+        refused = cluster.wait_until("the ReplicaSet's FailedCreate", lambda: cluster.failed_creates(namespace), 60)
+        assert "violates PodSecurity" in refused[0] and "runAsNonRoot" in refused[0], refused
+    finally:
+        helm.uninstall("nmroot", namespace)
+
     restricted_but_root = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "root"}, "spec": {
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [{"name": "main", "image": "busybox", "securityContext": {
