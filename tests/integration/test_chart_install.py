@@ -270,6 +270,42 @@ def test_the_chart_service_account_reconciles_the_tiny_sample(release, cluster, 
     assert forbidden_lines(text) == [], "the chart's ClusterRole lacks a right the operator uses"
 
 
+def test_peering_replicas_keep_alive_in_the_chart_peering_object(control_plane, helm_home, namespaces, cluster):
+    """replicaCount 2 with peering: both pods on the CPU node; an operator with the chart's env and token writes its
+    keep-alive into the chart's ClusterKopfPeering (kopf.dev, from crds/) and reconciles, with no 403."""
+    helm = helm_for(control_plane, helm_home, "helm")
+    namespace, name = namespaces(), "nmpeer"
+    helm.install(name, namespace, {**IMAGE, "replicaCount": 2, "peering": {"enabled": True, "name": "nmpeer"}},
+                 "--wait", "--timeout", "120s")
+    try:
+        objects = installed(helm, name, namespace)
+        (deployment,) = objects["Deployment"]
+        assert sorted(p.spec.node_name for p in cluster.operator_pods(deployment)) == [CPU_NODE, CPU_NODE]
+        (peering,) = objects["ClusterKopfPeering"]
+        env = local_env(deployment, namespace)
+        assert env["NEURONMODEL_OPERATOR_PEERING"] == peering["metadata"]["name"]
+        sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        kubeconfig = token_kubeconfig(control_plane, cluster.client, namespace, sa, control_plane.data_dir /
+                                      f"{namespace}-{sa}.kubeconfig", check={"verb": "patch", "group": "kopf.dev",
+                                                                             "resource": "clusterkopfpeerings"})
+        log = control_plane.data_dir / "logs" / f"operator-chart-{namespace}.log"
+        operator = local_operator(cluster, deployment, kubeconfig, log)
+        operator.start(timeout=90)
+        try:
+            cluster.wait_until("a keep-alive in the peering object", lambda: cluster.custom.get_cluster_custom_object(
+                "kopf.dev", "v1", "clusterkopfpeerings", peering["metadata"]["name"]).get("status"), 30)
+            models = namespaces()
+            body = tiny_sample()
+            cluster.apply(models, body)
+            assert_children(cluster, models, cluster.phase(models, body["metadata"]["name"], "Ready"))
+        finally:
+            operator.stop()
+        forbidden = forbidden_lines(log.read_text())
+        assert forbidden == [], "403s with peering:\n" + "\n".join(forbidden[:10])
+    finally:
+        helm.uninstall(name, namespace, check=False)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # watchNamespaces and the restricted Pod Security Standard
 
