@@ -236,8 +236,7 @@ def test_helm_install_puts_the_operator_on_the_cpu_node_and_installs_the_crds(re
     for crd, existed in crds_before.items():  # Helm applies crds/ first, and skips those that exist
         conditions = cluster.extensions.read_custom_resource_definition(crd).status.conditions
         assert any(c.type == "Established" and c.status == "True" for c in conditions), (crd, existed)
-    assert helm("status", name, "-n", namespace, "-o", "json").stdout and \
-        json.loads(helm("status", name, "-n", namespace, "-o", "json").stdout)["info"]["status"] == "deployed"
+    assert json.loads(helm("status", name, "-n", namespace, "-o", "json").stdout)["info"]["status"] == "deployed"
 
 
 def test_the_chart_service_account_reconciles_the_tiny_sample(release, cluster, control_plane, namespaces):
