@@ -27,7 +27,7 @@ def test_cluster_wide_role_is_every_rule_of_the_file(rendered):
 
 def test_watch_namespaces_gives_one_role_each_and_only_cluster_rules_cluster_wide(rendered):
     docs = rendered["namespaced"]
-    assert find_one(docs, "ClusterRole")["rules"] == RULES["cluster"]
+    assert find_one(docs, "ClusterRole")["rules"] == RULES["cluster"] + RULES["namespace_scope"]
     roles = {role["metadata"]["namespace"]: role for role in find(docs, "Role")}
     assert sorted(roles) == ["team-a", "team-b"]
     for role in roles.values():
@@ -44,7 +44,7 @@ def test_peering_adds_exactly_the_peering_objects_rule(rendered):
     cluster = find_one(rendered["peering"], "ClusterRole")["rules"]
     assert cluster == RULES["namespaced"] + [peering_rule("clusterkopfpeerings")] + RULES["cluster"]
     docs = rendered["peering-namespaced"]
-    assert find_one(docs, "ClusterRole")["rules"] == RULES["cluster"]
+    assert find_one(docs, "ClusterRole")["rules"] == RULES["cluster"] + RULES["namespace_scope"]
     assert find_one(docs, "Role")["rules"] == RULES["namespaced"] + [peering_rule("kopfpeerings")]
 
 

@@ -66,8 +66,8 @@ helm.sh/chart: {{ include "neuronmodel-operator.chart" . }}
 {{/* The rules file parsed; a file that does not parse fails the render. */}}
 {{- define "neuronmodel-operator.parsedRules" -}}
 {{- $rules := include "neuronmodel-operator.rules" . | fromYaml -}}
-{{- if or $rules.Error (not $rules.namespaced) (not $rules.cluster) -}}
-{{- fail (printf "files/operator-rules.yaml must hold the lists namespaced: and cluster: (run scripts/chart_sync.py): %v" $rules.Error) -}}
+{{- if or $rules.Error (not $rules.namespaced) (not $rules.cluster) (not $rules.namespace_scope) -}}
+{{- fail (printf "files/operator-rules.yaml must hold the lists namespaced:, cluster: and namespace_scope: (run scripts/chart_sync.py): %v" $rules.Error) -}}
 {{- end -}}
 {{- toJson $rules -}}
 {{- end -}}
