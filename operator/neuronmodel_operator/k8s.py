@@ -51,8 +51,9 @@ class ApiError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """Conflicts, throttling, server errors and the network heal by themselves; 4xx validation does not."""
-        return self.status in (0, 409, 429) or self.status >= 500
+        """Conflicts, throttling, server errors and the network heal by themselves, and so does a 401/403 (RBAC that
+        lags a fresh install, or is fixed later: the spec is not at fault); 4xx validation does not."""
+        return self.status in (0, 401, 403, 409, 429) or self.status >= 500
 
 
 def connect(kubeconfig: Optional[str] = None, pool_size: int = 16) -> kubernetes.client.ApiClient:

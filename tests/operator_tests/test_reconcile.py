@@ -434,7 +434,7 @@ def test_non_retryable_api_error_becomes_failed(kube, reconcile):
     assert [t for t, _, _ in kube.events] == ["Warning"]
 
 
-@pytest.mark.parametrize("code", [409, 429, 500, 503, 0])
+@pytest.mark.parametrize("code", [401, 403, 409, 429, 500, 503, 0])
 def test_retryable_api_error_propagates(kube, reconcile, code):
     kube.put(body(TORCH))
     kube.fail_apply["Deployment"] = ApiError(code, "try again")
