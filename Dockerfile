@@ -15,11 +15,18 @@
 # What a stage cannot inherit from a sibling of another base (LABEL, ENV, USER, ..., CMD) stands in each, one line
 # an instruction: the labels every target shares on one line, then its own.
 
+# Offline builds (scripts/images/, `make images`): the stages that run pip declare PIP_NO_INDEX and PIP_FIND_LINKS,
+# unset by default (pip then uses its index, as before). The local build sets them to install only from a wheelhouse
+# made on the host and bind-mounted read-only for the RUN steps (`buildah bud -v <wheelhouse>:/tmp/wheelhouse:ro`),
+# so no wheel of it lands in a layer; ARG values are not kept in the image's environment.
+
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 
 # --- the wheel: pure Python (py3-none-any), the same file in every target, and the script that installs it -------
 FROM python:3.11-slim-bookworm AS wheel
+ARG PIP_NO_INDEX
+ARG PIP_FIND_LINKS
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
@@ -33,13 +40,16 @@ COPY docker/install-runtime.sh /wheels/
 # Only the wheel's `operator` extra, under docker/operator-constraints.txt (every dependency pinned); the build fails
 # if torch got in anyway. UID/GID 65532 (no passwd entry needed: HOME is /tmp). Nothing is written outside /tmp
 # (no .pyc at run time: pip compiled them at install), so the pod runs with readOnlyRootFilesystem and an emptyDir
-# on /tmp. Ports: 8080 kopf's liveness (/healthz), 8081 the operator's /metrics.
-FROM python:3.12-slim-bookworm AS operator
+# on /tmp. Ports: 8080 kopf's liveness (/healthz), 8081 the operator's /metrics. Python 3.11 (kopf 1.45 needs >= 3.11):
+# the base of runtime-cpu too, so one local base (Debian 12's Python, scripts/images/base.py) builds both offline.
+FROM python:3.11-slim-bookworm AS operator
 ARG VERSION
 ARG REVISION
+ARG PIP_NO_INDEX
+ARG PIP_FIND_LINKS
 LABEL org.opencontainers.image.title="neuronmodel-operator" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
 LABEL org.opencontainers.image.description="neuronmodel operator: reconciles NeuronModels into serving pods on AWS Neuron" \
-      org.opencontainers.image.base.name="python:3.12-slim-bookworm" \
+      org.opencontainers.image.base.name="python:3.11-slim-bookworm" \
       dev.neuronmodel.target="operator"
 ENV HOME=/tmp TMPDIR=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 COPY docker/operator-constraints.txt /tmp/wheels/
@@ -127,6 +137,8 @@ ARG VERSION
 ARG REVISION
 ARG TORCH_VERSION=2.15.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
+ARG PIP_NO_INDEX
+ARG PIP_FIND_LINKS
 LABEL org.opencontainers.image.title="neuronmodel-runtime" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
 LABEL org.opencontainers.image.description="neuronmodel runtime: the PyTorch reference runner on CPU" \
       org.opencontainers.image.base.name="python:3.11-slim-bookworm" \

@@ -1,0 +1,193 @@
+"""Build the Dockerfile's `operator` and `runtime-cpu` targets here, offline, cached by the digest of their inputs.
+
+    PYTHONPATH=scripts python -m images.build [--push 127.0.0.1:PORT] [--oci-dir DIR] [TARGET ...]
+
+`buildah bud --pull=never --network=none --layers`: FROM resolves to the local base (images.base), pip installs
+only from the target's wheelhouse (images.wheelhouse), bind-mounted read-only at /tmp/wheelhouse for the RUN steps
+(`-v`, never a layer) with PIP_NO_INDEX=1 and PIP_FIND_LINKS, and the RUN steps run under runc (images.tools).
+
+Two caches: a target whose inputs digest (the Dockerfile, docker/, .dockerignore, the wheel's sources, the
+wheelhouse's digest, the base image's id, the build args, this recipe) is the label `dev.neuronmodel.inputs` of the
+image tagged for it is not built at all; otherwise buildah's layer cache reuses every step before the first changed
+one (runtime-cpu's torch layer, about 5 GB, survives a change of our code: its step names only TORCH_VERSION).
+
+Local names (this storage only): `localhost/neuronmodel/neuronmodel-operator:<version>` and
+`localhost/neuronmodel/neuronmodel-runtime:<version>-runtime-cpu`. `push(target, "127.0.0.1:PORT")` puts them in
+an OCI registry over plain http as `127.0.0.1:PORT/neuronmodel/...` (scripts/k8s/registry.py runs one);
+`export_oci_archive(target, path)` writes an OCI archive for `ctr images import`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from images import base, tools, wheelhouse
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+LABEL_INPUTS = "dev.neuronmodel.inputs"
+NAMESPACE = "neuronmodel"
+REPOSITORIES = {"operator": "neuronmodel-operator", "runtime-cpu": "neuronmodel-runtime"}
+TARGETS = tuple(REPOSITORIES)
+#: The build context the Dockerfile copies from (.dockerignore keeps the rest out) and what never counts.
+SOURCES = ("pyproject.toml", "README.md", "operator", "runtime", "docker", "Dockerfile", ".dockerignore")
+SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+SKIP_SUFFIXES = (".pyc", ".pyo", ".pyd")
+#: Bumped when the recipe below changes what an image holds.
+RECIPE = 1
+
+
+def version() -> str:
+    return re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+
+
+def tag(target: str) -> str:
+    """`<repository>:<tag>` of the target, e.g. `neuronmodel/neuronmodel-runtime:0.1.0-runtime-cpu`."""
+    suffix = version() if target == "operator" else f"{version()}-{target}"
+    return f"{NAMESPACE}/{REPOSITORIES[target]}:{suffix}"
+
+
+def local_ref(target: str) -> str:
+    return f"localhost/{tag(target)}"
+
+
+def registry_ref(target: str, address: str) -> str:
+    """e.g. `127.0.0.1:5000/neuronmodel/neuronmodel-operator:0.1.0`."""
+    return f"{address}/{tag(target)}"
+
+
+def source_files() -> list[Path]:
+    out = []
+    for name in SOURCES:
+        path = ROOT / name
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for file in files:
+            parts = set(file.relative_to(ROOT).parts)
+            if parts & SKIP_PARTS or file.suffix in SKIP_SUFFIXES or any(p.endswith(".egg-info") for p in parts):
+                continue
+            out.append(file)
+    return out
+
+
+def build_args(target: str) -> dict[str, str]:
+    return {"VERSION": version(), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheelhouse.MOUNT}
+
+
+def inputs_digest(target: str, wheels: dict, base_id: str) -> str:
+    h = hashlib.sha256()
+    for file in source_files():
+        h.update(str(file.relative_to(ROOT)).encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
+    spec = {"target": target, "wheelhouse": wheels["digest"], "base": base_id, "args": build_args(target),
+            "recipe": RECIPE}
+    h.update(json.dumps(spec, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def bud_command(target: str, wheels: dict, digest: str) -> list[str]:
+    argv = ["bud", *tools.signature_policy(), "--pull=never", "--network=none", "--layers", "--isolation=oci",
+            "--runtime", str(tools.cache_dir() / "runc"), "--target", target, "--file", str(DOCKERFILE),
+            "--volume", f"{wheels['path']}:{wheelhouse.MOUNT}:ro", "--label", f"{LABEL_INPUTS}={digest}",
+            "--tag", local_ref(target)]
+    for name, value in build_args(target).items():
+        argv += ["--build-arg", f"{name}={value}"]
+    return argv + [str(ROOT)]
+
+
+def inspect(target: str) -> dict | None:
+    return base.inspect(local_ref(target))
+
+
+def config(target: str) -> dict:
+    """The OCI image config's `config` (User, Entrypoint, Cmd, Env, WorkingDir, ExposedPorts, Labels)."""
+    found = inspect(target)
+    if found is None:
+        raise LookupError(f"{local_ref(target)} is not built (python -m images.build {target})")
+    return found["OCIv1"]["config"]
+
+
+def ensure(target: str, log=None) -> dict:
+    """The target's image, built unless its inputs are: {"target", "image", "id", "cached", "seconds", ...}."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r} (one of {', '.join(TARGETS)})")
+    t0 = time.monotonic()
+    built_base = base.ensure()
+    wheels = wheelhouse.ensure(target)
+    digest = inputs_digest(target, wheels, built_base["id"])
+    found = inspect(target)
+    steps = {"base": built_base, "wheelhouse": wheels}
+    if found is not None and (found["OCIv1"]["config"].get("Labels") or {}).get(LABEL_INPUTS) == digest:
+        return {"target": target, "image": local_ref(target), "id": found["FromImageID"], "cached": True,
+                "inputs": digest, "seconds": time.monotonic() - t0, "steps": steps}
+    print(f"images: building {target} -> {local_ref(target)} (inputs {digest[:16]}) ...", flush=True)
+    t1 = time.monotonic()
+    out = tools.buildah(*bud_command(target, wheels, digest), capture=log is None, cwd=ROOT)
+    built = inspect(target)
+    return {"target": target, "image": local_ref(target), "id": built["FromImageID"], "cached": False,
+            "inputs": digest, "seconds": time.monotonic() - t0, "build_seconds": time.monotonic() - t1,
+            "steps": steps, "log_tail": (out.stdout or "")[-2000:]}
+
+
+def push(target: str, address: str) -> str:
+    """Push the built target to the OCI registry at `address` (plain http); returns the reference pushed."""
+    ref = registry_ref(target, address)
+    tools.buildah("push", *tools.signature_policy(), "--tls-verify=false", local_ref(target), f"docker://{ref}")
+    return ref
+
+
+def export_oci_archive(target: str, path: Path, name: str | None = None) -> Path:
+    """Write the built target as an OCI archive for `ctr images import` (the index names it `name`, default the
+    local reference); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    tools.buildah("push", *tools.signature_policy(), local_ref(target), f"oci-archive:{path}:{name or local_ref(target)}")
+    return path
+
+
+def sizes() -> dict[str, int]:
+    """Bytes of what this module keeps: buildah's storage and each wheelhouse."""
+    root = tools.cache_dir()
+    out = {"storage": tools.du(root / "storage")}
+    for folder in sorted(root.glob("wheelhouse-*")):
+        out[folder.name] = tools.du(folder)
+    return out
+
+
+def clean() -> None:
+    """Every image, container and layer of the private storage (the wheelhouses stay)."""
+    tools.buildah("rm", "--all", check=False)
+    tools.buildah("rmi", "--all", "--force", check=False)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m images.build", description=__doc__.split("\n\n")[0])
+    parser.add_argument("targets", nargs="*", default=list(TARGETS), choices=[[], *TARGETS], metavar="TARGET",
+                        help=f"default: {' '.join(TARGETS)}")
+    parser.add_argument("--push", metavar="ADDRESS", help="an OCI registry over plain http, e.g. 127.0.0.1:5000")
+    parser.add_argument("--oci-dir", type=Path, help="write <DIR>/<target>.oci.tar (for ctr images import)")
+    parser.add_argument("--clean", action="store_true", help="remove every image of the private storage first")
+    args = parser.parse_args(argv)
+    if args.clean:
+        clean()
+    for target in args.targets or TARGETS:
+        done = ensure(target, log=sys.stdout)
+        done.pop("log_tail", None)
+        if args.push:
+            t0 = time.monotonic()
+            done["pushed"], done["push_seconds"] = push(target, args.push), time.monotonic() - t0
+        if args.oci_dir:
+            t0 = time.monotonic()
+            archive = export_oci_archive(target, args.oci_dir / f"{target}.oci.tar")
+            done["oci_archive"], done["export_seconds"] = str(archive), time.monotonic() - t0
+        print(json.dumps(done), flush=True)
+    print(json.dumps({"sizes": sizes()}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
