@@ -394,7 +394,7 @@ def test_the_base_check_fails_the_build_when_the_install_changed_the_base():
 # dependency pinned by docker/operator-constraints.txt, a numeric non-root user, nothing written outside /tmp.
 
 OPERATOR = BY_NAME.get("operator")
-OPERATOR_BASE = "python:3.12-slim-bookworm"
+OPERATOR_BASE = "python:3.11-slim-bookworm"  # kopf 1.45 needs >= 3.11; runtime-cpu's base (one local base)
 OPERATOR_USER = "65532:65532"
 CONSTRAINTS = ROOT / "docker" / "operator-constraints.txt"
 
@@ -512,7 +512,8 @@ def test_the_constraints_pin_the_operator_extra_inside_its_bounds_and_no_torch()
     pinned = pins()
     for text in operator_extra():
         requirement = Requirement(text)
-        if requirement.marker and not requirement.marker.evaluate({"python_version": "3.12", "extra": ""}):
+        python = re.fullmatch(r"python:(\d+\.\d+)-.*", OPERATOR_BASE).group(1)
+        if requirement.marker and not requirement.marker.evaluate({"python_version": python, "extra": ""}):
             continue
         name = re.sub(r"[-_.]+", "-", requirement.name).lower()
         assert name in pinned, f"{CONSTRAINTS.name}: {requirement.name} of the operator extra is not pinned"
@@ -525,6 +526,55 @@ def test_the_closure_follows_extras_and_markers():
     needed = closure(["pytest>=8; python_version >= '3.11'", "nothing-of-this-name; python_version < '3.0'"], "3.12")
     assert "pytest" in needed and "pluggy" in needed and "nothing-of-this-name" not in needed
 
+
+
+def test_the_constraints_header_regenerates_them_for_the_targets_python():
+    python = re.fullmatch(r"python:(\d+\.\d+)-.*", OPERATOR_BASE).group(1)
+    header = [line for line in CONSTRAINTS.read_text().splitlines() if line.startswith("#")]
+    assert any(f"--python-version {python} " in line for line in header), header
+    assert any(f"(Python {python}, the target's)" in line for line in header), header
+
+
+# --- offline builds (scripts/images/: a local base, a host-side wheelhouse, no network in the build) ------------
+# Every stage that runs pip off a Neuron base takes PIP_NO_INDEX and PIP_FIND_LINKS as build args without a default
+# (unset: pip uses its index, as a plain docker build does); the Neuron targets are not touched. The local base
+# stands in for the FROM of both offline targets.
+
+OFFLINE_ARGS = {"PIP_NO_INDEX", "PIP_FIND_LINKS"}
+
+
+def runs_pip(stage: Stage) -> bool:
+    return bool(pip_installs(stage)) or any(" -m pip wheel " in f" {run.args} " for run in stage.all("RUN"))
+
+
+def test_the_stages_off_the_neuron_bases_take_the_offline_pip_args_without_defaults():
+    offline = [s for s in STAGES if not (s.name in images.BY_TARGET and images.BY_TARGET[s.name].sdk)]
+    assert {s.name for s in offline} == {WHEEL_STAGE, "operator", "runtime-cpu"}
+    for stage in offline:
+        assert runs_pip(stage), stage.name
+        declared = {i.args for i in stage.all("ARG")}
+        assert OFFLINE_ARGS <= declared, f"{stage.name}: ARG {sorted(OFFLINE_ARGS - declared)} (no default)"
+        first_run = min(run.line for run in stage.all("RUN"))
+        assert all(i.line < first_run for i in stage.all("ARG") if i.args in OFFLINE_ARGS), stage.name
+    for image in NEURON_IMAGES:  # their recipe is the DLC's pip and index, unchanged
+        assert not {i.args.split("=")[0] for i in BY_NAME[image.target].all("ARG")} & OFFLINE_ARGS, image.target
+    assert not [i for i in GLOBALS if i.args.split("=")[0] in OFFLINE_ARGS]
+
+
+def test_the_local_base_stands_in_for_the_from_of_both_offline_targets():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from images import base, build, wheelhouse
+    finally:
+        sys.path.pop(0)
+    assert base.TAG == f"docker.io/library/{BY_NAME['runtime-cpu'].base}"
+    assert {BY_NAME[name].base for name in (WHEEL_STAGE, "operator", "runtime-cpu")} == {BY_NAME["runtime-cpu"].base}
+    assert f"python:{base.PYTHON}-" in base.TAG and base.SUITE in base.TAG
+    assert set(build.TARGETS) == set(wheelhouse.TARGETS) == {"operator", "runtime-cpu"}
+    assert wheelhouse.torch_version(DOCKERFILE) == re.search(r"^ARG TORCH_VERSION=(\S+)$", TEXT, re.M).group(1)
+    assert build.tag("operator") == f"neuronmodel/neuronmodel-operator:{images.package_version()}"
+    assert build.tag("runtime-cpu") == images.image_ref("neuronmodel/neuronmodel-runtime", images.package_version(),
+                                                          "runtime-cpu")
 
 # --- the install script, run against stand-ins ------------------------------------------------------------------
 # docker/install-runtime.sh runs here under dash (the bases' /bin/sh), with python (pip list/install), getent,
