@@ -104,3 +104,10 @@ generate: $(STAMP)
 	$(PY) -m neuronmodel_operator.crdgen
 	$(PY) tests/operator_tests/golden.py
 	$(PY) scripts/chart_sync.py
+
+## The operator and runtime-cpu images, built here offline (scripts/images/): buildah and mmdebstrap from Debian, a
+## local Debian 12 base as their FROM, wheelhouses downloaded on the host; all cached in $(NEURONMODEL_CACHE)/images/.
+## REGISTRY=127.0.0.1:PORT pushes them over plain http; OCI_DIR=DIR writes DIR/<target>.oci.tar (ctr images import).
+.PHONY: images
+images: $(STAMP)
+	PYTHONPATH=scripts $(PY) -m images.build $(if $(REGISTRY),--push $(REGISTRY)) $(if $(OCI_DIR),--oci-dir $(OCI_DIR))
