@@ -166,6 +166,11 @@ class ControlPlane:
                 "-days", "3650", "-subj", "/CN=127.0.0.1", "-CA", "ca.crt", "-CAkey", "ca.key",
                 "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
                 "-addext", "basicConstraints=critical,CA:FALSE")
+        # the apiserver's client cert for kubelets (logs, exec, port-forward of the optional real node, k8s.realnode)
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "kubelet-client.key",
+                "-out", "kubelet-client.crt", "-days", "3650", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+                "-CA", "ca.crt", "-CAkey", "ca.key", "-addext", "extendedKeyUsage=clientAuth",
+                "-addext", "basicConstraints=critical,CA:FALSE")
         openssl("genpkey", "-algorithm", "RSA", "-out", "sa.key")
         openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
         self.admin_token = secrets.token_hex(24)
@@ -186,10 +191,17 @@ class ControlPlane:
                     f"--tls-cert-file={pki / 'tls.crt'}", f"--tls-private-key-file={pki / 'tls.key'}",
                     f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={pki / 'tokens.csv'}",
                     "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                    "--enable-admission-plugins=NodeRestriction",  # a node identity edits only its own Node (EKS's)
                     "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
                     f"--service-account-issuer={self.server}", f"--service-account-key-file={pki / 'sa.pub'}",
                     f"--service-account-signing-key-file={pki / 'sa.key'}", f"--cert-dir={pki}",
-                    "--profiling=false")
+                    "--profiling=false",
+                    # to kubelets (only the real node of k8s.realnode serves; kwok nodes have no kubelet endpoint):
+                    # its node IP first (its hostname resolves nowhere), verified by the CA, as a system:masters client
+                    "--kubelet-preferred-address-types=InternalIP,Hostname,InternalDNS,ExternalDNS,ExternalIP",
+                    f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                    f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                    f"--kubelet-client-key={pki / 'kubelet-client.key'}")
         self._wait("kube-apiserver", lambda: self.get("/readyz")[0] == 200)
         self.write_kubeconfig(self.kubeconfig, self.admin_token)
 
