@@ -80,10 +80,12 @@ k8s-bin: $(STAMP)
 	PYTHONPATH=scripts $(PY) -m k8s.install
 
 ## etcd, kube-apiserver, controller-manager, scheduler and kwok with fake Neuron nodes; state in .cluster/.
+## REAL_NODE=1: plus a real node (kubelet, containerd, runc, CNI bridge, kube-proxy: scripts/k8s/realnode.py; root).
 cluster: k8s-bin
-	PYTHONPATH=scripts $(PY) -m k8s.cluster up
+	PYTHONPATH=scripts $(PY) -m k8s.$(if $(filter 1,$(REAL_NODE)),realnode,cluster) up
 
 cluster-down: $(STAMP)
+	PYTHONPATH=scripts $(PY) -m k8s.realnode down
 	PYTHONPATH=scripts $(PY) -m k8s.cluster down
 
 ## The chart, packaged for an OCI registry: $(CHART_DEST)/neuronmodel-operator-<version>.tgz (dist/ is gitignored).
