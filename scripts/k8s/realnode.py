@@ -13,7 +13,8 @@ What it runs (all from the pinned v1.34.4 build of `k8s.install` and Debian 12 p
     webhook authentication/authorization, so `kubectl logs/exec` work; node IP on a dummy link of its own
     (the kubelet refuses a loopback node IP);
   * a pod network: the CNI bridge plugin on a bridge of its own, host-local IPAM on a private /24, no
-    masquerade, and no route out of the pods beyond the pod subnet and the Service CIDR;
+    masquerade, no route out of the pods beyond the pod subnet and the Service CIDR, and an iptables chain
+    (`NEURONMODEL-POD-EGRESS`) that rejects whatever a pod sends off its bridge all the same;
   * kube-proxy in iptables mode as `system:kube-proxy`, so Service ClusterIPs work from pods and from the host.
 
 Placement: the node poses as a CPU node (`node.kubernetes.io/instance-type=m5.xlarge`, what the operator's
@@ -249,6 +250,7 @@ class RealNode:
         self._record(node_ip_link=host.make_dummy(self.dummy, f"{self.node_ip}/32"))
         self._record(links=[self.dummy, self.bridge], bridge=self.bridge)
         host.make_bridge(self.bridge, f"{self.gateway}/{self.pod_cidr.split('/')[1]}")
+        host.block_pod_egress(self.bridge)
         net = self.data_dir / "cni" / "net.d"
         net.mkdir(parents=True)
         (net / "10-neuronmodel.conflist").write_text(json.dumps({

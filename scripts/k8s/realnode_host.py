@@ -19,7 +19,8 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 IPTABLES = ("iptables", "ip6tables")
 IPTABLES_TABLES = ("nat", "filter", "mangle")
-CHAIN_PREFIXES = ("KUBE-",)  # kube-proxy's chains (the kubelet makes none: makeIPTablesUtilChains false)
+EGRESS_CHAIN = "NEURONMODEL-POD-EGRESS"  # the node's own: pods' packets may not be forwarded off their bridge
+CHAIN_PREFIXES = ("KUBE-", EGRESS_CHAIN)  # kube-proxy's (the kubelet makes none: makeIPTablesUtilChains false)
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -190,3 +191,12 @@ def remove_chains() -> None:
                 sh(binary, "-w", "-t", table, "-F", chain, check=False)
             for chain in ours:
                 sh(binary, "-w", "-t", table, "-X", chain, check=False)
+
+
+def block_pod_egress(bridge: str) -> None:
+    """Reject what pods send that would be forwarded off their bridge (a pod that adds a route of its own
+    still reaches nothing beyond this machine); the bridge's per-device forwarding is only for Services."""
+    sh("iptables", "-w", "-N", EGRESS_CHAIN)
+    sh("iptables", "-w", "-A", EGRESS_CHAIN, "-i", bridge, "!", "-o", bridge, "-j", "REJECT",
+       "--reject-with", "icmp-net-unreachable")
+    sh("iptables", "-w", "-I", "FORWARD", "1", "-j", EGRESS_CHAIN)

@@ -28,7 +28,8 @@ PAUSE_TAG = "3.10.1"  # build/pause/Makefile's TAG in k8s.io/kubernetes v1.34.4
 PAUSE_IMAGE = f"neuronmodel.local/pause:{PAUSE_TAG}"
 BUSYBOX_REPO = "neuronmodel.local/busybox"
 # the applets the test image links into /bin (all served by the one static binary)
-BUSYBOX_APPLETS = ("sh", "httpd", "wget", "cat", "echo", "id", "ls", "sleep", "nc", "hostname", "mount", "ps")
+BUSYBOX_APPLETS = ("sh", "httpd", "wget", "cat", "echo", "id", "ls", "sleep", "nc", "hostname", "mount", "ps",
+                   "ip", "timeout")
 
 
 def cache_dir() -> Path:
@@ -120,7 +121,8 @@ def busybox_archive() -> tuple[Path, str]:
     version = urllib.parse.unquote(deb.name.split("_")[1]).split(":")[-1]  # 1%3a1.35.0-4+b1 -> 1.35.0-4+b1
     version = version.replace("+", "-").replace("~", "-")
     name = f"{BUSYBOX_REPO}:{version}"
-    target = cache_dir() / "images" / f"busybox-{version}.tar"
+    applets = hashlib.sha256(" ".join(BUSYBOX_APPLETS).encode()).hexdigest()[:8]
+    target = cache_dir() / "images" / f"busybox-{version}-{applets}.tar"
     if target.exists():
         return target, name
     with tempfile.TemporaryDirectory() as tmp:

@@ -140,6 +140,21 @@ def test_pods_reach_nothing_beyond_the_node(web, control_plane):
     assert probe.returncode != 0 and "unreachable" in probe.stderr.lower()
 
 
+def test_a_pod_that_adds_a_route_out_still_reaches_nothing(real_node, web, admin_client, wait_until, control_plane):
+    """NET_ADMIN lets a pod add a default route; the node's egress chain rejects what it then sends off the bridge."""
+    core, ns = kube.CoreV1Api(admin_client), web["ns"]
+    core.create_namespaced_pod(ns, {"metadata": {"name": "escaper"}, "spec": on_real_node({
+        "automountServiceAccountToken": False, "containers": [{
+            "name": "main", "image": real_node.images["busybox"], "command": ["sleep", "3600"],
+            "securityContext": {"runAsUser": 0, "capabilities": {"add": ["NET_ADMIN"]}}}]})})
+    wait_until("escaper Running", lambda: core.read_namespaced_pod("escaper", ns).status.phase == "Running", 120)
+    run = ["exec", "-n", ns, "escaper", "--"]
+    control_plane.kubectl(*run, "ip", "route", "add", "default", "via", real_node.gateway)
+    probe = control_plane.kubectl(*run, "timeout", "-s", "KILL", "10", "wget", "-q", "-O", "-",
+                                  "http://203.0.113.1/", check=False)
+    assert probe.returncode != 0 and "unreachable" in probe.stderr.lower(), probe.stderr
+
+
 def test_kubectl_logs_and_exec(web, control_plane):
     logs = control_plane.kubectl("logs", "-n", web["ns"], "web").stdout
     assert "web starting as 65534" in logs
