@@ -168,7 +168,8 @@ class ControlPlane:
                 "-addext", "basicConstraints=critical,CA:FALSE")
         # the apiserver's client cert for kubelets (logs, exec, port-forward of the optional real node, k8s.realnode)
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "kubelet-client.key",
-                "-out", "kubelet-client.crt", "-days", "3650", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+                "-out", "kubelet-client.crt", "-days", "3650",
+                "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
                 "-CA", "ca.crt", "-CAkey", "ca.key", "-addext", "extendedKeyUsage=clientAuth",
                 "-addext", "basicConstraints=critical,CA:FALSE")
         openssl("genpkey", "-algorithm", "RSA", "-out", "sa.key")

@@ -138,7 +138,8 @@ class RealNode:
         self._record(name=self.name, cgroup=self.cgroup, network=self.network, links=[], pids={},
                      outside={str(p): p.exists() for p in (CNI_CACHE, CNI_CACHE / "results", CONTAINER_LOG_LINKS,
                                                           SHIM_SOCKETS, SHIM_SOCKETS / "s")},
-                     shim_sockets_before=sorted(os.listdir(SHIM_SOCKETS / "s")) if (SHIM_SOCKETS / "s").exists() else [])
+                     shim_sockets_before=sorted(os.listdir(SHIM_SOCKETS / "s"))
+                     if (SHIM_SOCKETS / "s").exists() else [])
         try:
             if die_with_parent:
                 self._start_reaper()

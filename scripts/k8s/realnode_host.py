@@ -179,7 +179,8 @@ def remove_chains() -> None:
     for binary in IPTABLES:
         for table in IPTABLES_TABLES:
             out = sh(f"{binary}-save", "-t", table, check=False).stdout
-            ours = [line[1:].split()[0] for line in out.splitlines() if line.startswith(":") and _ours(line[1:].split()[0])]
+            declared = [line[1:].split()[0] for line in out.splitlines() if line.startswith(":")]
+            ours = [chain for chain in declared if _ours(chain)]
             if not ours:
                 continue
             for line in out.splitlines():
