@@ -22,7 +22,8 @@ PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc"}
 
 #: runc, with process.oomScoreAdj clamped to >= 0 in the bundle's config.json before `create`/`run`: this sandbox
 #: forbids lowering oom_score_adj, and runc then fails with "can't get final child's PID from pipe". A no-op where
-#: nothing asks for a lower score. crun is not used: it fails here (cgroup v1 hybrid layout).
+#: nothing asks for a lower score: buildah 1.28 sets no oomScoreAdj for RUN steps (checked), but a containers.conf
+#: `oom_score_adj` would. crun is not used: it fails here (cgroup v1 hybrid layout).
 RUNC_WRAPPER = """#!/usr/bin/python3
 # Written by scripts/images/tools.py: runc with process.oomScoreAdj clamped to >= 0 (see there).
 import json, os, sys
@@ -141,7 +142,7 @@ def du(path: Path) -> int:
     """Bytes under `path` (0 when absent), as `du -sb` counts them."""
     if not Path(path).exists():
         return 0
-    return int(run(["du", "-sb", str(path)]).stdout.split()[0])
+    return int(run(["du", "-sbx", str(path)]).stdout.split()[0])  # -x: not the mounted containers
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -39,10 +40,18 @@ EXTRA_LABELS = {build.LABEL_INPUTS, "dev.neuronmodel.base.inputs", "dev.neuronmo
                 "io.buildah.version"}
 
 
+class Built(dict):
+    """target -> build.ensure(target), built (or found cached) on first use: a test of one image waits for no other."""
+
+    def __missing__(self, target: str) -> dict:
+        self[target] = build.ensure(target)
+        return self[target]
+
+
 @pytest.fixture(scope="module")
 def built():
     tools.ensure()
-    return {target: build.ensure(target) for target in build.TARGETS}
+    return Built()
 
 
 # --- a container without a kubelet: runc on the mounted image -------------------------------------------------
@@ -72,7 +81,7 @@ class Container:
         cfg = build.config(target)
         self.working = tools.buildah("from", *tools.signature_policy(), "--pull=never", "--name", self.id,
                                      build.local_ref(target)).stdout.strip()
-        rootfs = tools.buildah("mount", self.working).stdout.strip()
+        self.rootfs = rootfs = Path(tools.buildah("mount", self.working).stdout.strip())
         uid, _, gid = (cfg.get("User") or "0").partition(":")
         process_env = dict(e.split("=", 1) for e in cfg.get("Env") or [])
         process_env.update(env or {})
@@ -92,7 +101,7 @@ class Container:
                         "args": args if args is not None else (cfg.get("Entrypoint") or []) + (cfg.get("Cmd") or []),
                         "env": [f"{k}={v}" for k, v in process_env.items()], "cwd": cfg.get("WorkingDir") or "/",
                         "noNewPrivileges": True, "capabilities": {}},  # drop ALL, as the pods do
-            "root": {"path": rootfs, "readonly": readonly},
+            "root": {"path": str(rootfs), "readonly": readonly},
             "hostname": self.id,
             "mounts": mounts,
             "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
@@ -164,6 +173,7 @@ def expected_labels(stage_name: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("target", build.TARGETS)
 def test_the_image_config_is_the_dockerfiles(built, target):
+    built[target]
     stage = BY_NAME[target]
     cfg = build.config(target)
     assert cfg.get("User") == stage.last("USER").args
@@ -187,29 +197,31 @@ PROBE = """
 import importlib.util, json, os, sys
 found = {m: importlib.util.find_spec(m) is not None for m in ("torch", "kopf", "kubernetes", "fastapi",
                                                               "neuronmodel_operator", "neuronmodel_runtime")}
-wheels = []
-for top in ("/usr", "/opt", "/home", "/root", "/tmp", "/var", "/wheels", "/src"):
-    for folder, _, files in os.walk(top):
-        wheels += [os.path.join(folder, f) for f in files if f.endswith(".whl")]
-root_writable = os.access("/", os.W_OK)
 try:
     open("/usr/probe", "w")
     wrote = True
 except OSError:
     wrote = False
-print(json.dumps({"found": found, "wheels": wheels, "uid": os.getuid(), "gid": os.getgid(), "wrote_usr": wrote,
-                  "wheelhouse": os.path.exists("/tmp/wheelhouse"), "python": sys.version.split()[0]}))
+print(json.dumps({"found": found, "uid": os.getuid(), "gid": os.getgid(), "wrote_usr": wrote,
+                  "python": sys.version.split()[0]}))
 """
 
 
 def probe(container, target: str) -> dict:
+    """What the image holds, seen from inside (as its user, read-only root) and, for files the pods' emptyDirs
+    would hide (/tmp), from the host in its mounted root filesystem: every wheel file left in it."""
     with container(target, args=["python", "-c", PROBE]) as c:
         out = c.run()
+        wheels = sorted(str(p.relative_to(c.rootfs)) for p in c.rootfs.rglob("*.whl"))
+        # buildah leaves the bind mount's mount point, an empty folder, in the layers of the RUN steps
+        mount_point = c.rootfs / wheelhouse.MOUNT.lstrip("/")
+        wheelhouse_left = sorted(p.name for p in mount_point.iterdir()) if mount_point.exists() else []
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1]) | {"wheels": wheels, "wheelhouse": wheelhouse_left}
 
 
 def test_the_operator_image_runs_its_entrypoint_as_65532_on_a_read_only_root_and_has_no_torch(built, container):
+    built["operator"]
     with container("operator", args=build.config("operator")["Entrypoint"] + ["--help"]) as c:  # the image's own
         out = c.run()
     assert out.returncode == 0, out.stderr
@@ -219,16 +231,17 @@ def test_the_operator_image_runs_its_entrypoint_as_65532_on_a_read_only_root_and
     assert found["wrote_usr"] is False, "the root filesystem is read-only"
     assert found["found"]["kopf"] and found["found"]["kubernetes"] and found["found"]["neuronmodel_operator"]
     assert not found["found"]["torch"] and not found["found"]["fastapi"], found["found"]
-    assert found["wheels"] == [] and not found["wheelhouse"], "nothing of the wheelhouse is in the image"
+    assert found["wheels"] == [] and found["wheelhouse"] == [], "nothing of the wheelhouse is in the image"
     assert found["python"].startswith(wheelhouse.PYTHON_VERSION + ".")
 
 
 def test_the_runtime_image_serves_the_tiny_model_on_a_read_only_root_as_1000(built, container):
+    built["runtime-cpu"]
     found = probe(container, "runtime-cpu")
     assert (found["uid"], found["gid"]) == (1000, 1000)
     assert found["wrote_usr"] is False
     assert found["found"]["torch"] and found["found"]["fastapi"] and found["found"]["neuronmodel_runtime"]
-    assert found["wheels"] == [] and not found["wheelhouse"]
+    assert found["wheels"] == [] and found["wheelhouse"] == []
 
     with container("runtime-cpu", args=["neuronmodel-runtime", "--help"]) as c:
         out = c.run()
@@ -285,7 +298,7 @@ def test_a_second_build_is_a_cache_hit_of_the_same_image(built, target):
     assert again["steps"]["wheelhouse"]["cached"] and again["steps"]["base"]["cached"]
 
 
-def test_the_inputs_digest_follows_sources_wheelhouse_and_base(built, tmp_path, monkeypatch):
+def test_the_inputs_digest_follows_sources_wheelhouse_and_base(tmp_path, monkeypatch):
     wheels = {"digest": "w1", "path": "/x"}
     one = build.inputs_digest("operator", wheels, "base1")
     assert one == build.inputs_digest("operator", wheels, "base1")
@@ -295,9 +308,19 @@ def test_the_inputs_digest_follows_sources_wheelhouse_and_base(built, tmp_path, 
     files = build.source_files()
     assert ROOT / "Dockerfile" in files and ROOT / "docker" / "install-runtime.sh" in files
     assert not [f for f in files if "__pycache__" in f.parts]
-    extra = tmp_path / "new.py"
-    extra.write_text("x = 1\n")
-    monkeypatch.setattr(build, "source_files", lambda: files + [extra])
+    # A copy of the build context: an edit of a source changes the digest, a byte-compiled file does not.
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    for name in build.SOURCES:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, copy / name)
+    monkeypatch.setattr(build, "ROOT", copy)
+    assert build.inputs_digest("operator", wheels, "base1") == one
+    cache = copy / "runtime" / "neuronmodel_runtime" / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    (cache / "new.cpython-311.pyc").write_bytes(b"x")
+    assert build.inputs_digest("operator", wheels, "base1") == one
+    with open(copy / "runtime" / "neuronmodel_runtime" / "cli.py", "a") as f:
+        f.write("\n")
     assert build.inputs_digest("operator", wheels, "base1") != one
 
 
@@ -326,6 +349,8 @@ def test_the_operator_image_goes_to_the_local_registry_and_into_an_oci_archive(b
 
 
 def test_sizes_are_reported(built):
+    for target in build.TARGETS:
+        built[target]
     sizes = build.sizes()
     assert sizes["storage"] > 0
     assert {name.rsplit("-", 1)[0] for name in sizes if name.startswith("wheelhouse-")} == {
