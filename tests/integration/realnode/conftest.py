@@ -16,13 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from k8s import realnode
+from k8s import install, realnode
+from k8s.registry import Registry
 
 
 @pytest.fixture(scope="session")
-def real_node(control_plane, tmp_path_factory) -> realnode.RealNode:
+def node_registry(tmp_path_factory) -> Registry:
+    """A plain-http OCI registry (`k8s.registry`) the real node's containerd may pull from."""
+    if "registry" in install.missing():
+        pytest.skip(f"REAL NODE NOT AVAILABLE: the OCI registry is not installed in {install.bin_dir()}: `make k8s-bin`")
+    with Registry(tmp_path_factory.mktemp("node-registry")) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def real_node(control_plane, node_registry, tmp_path_factory) -> realnode.RealNode:
     # run state outside pytest's basetemp: pytest (of any concurrent session) prunes old basetemps, even live ones
-    node = realnode.RealNode(control_plane, Path(tempfile.mkdtemp(prefix="neuronmodel-node-")) / "node")
+    node = realnode.RealNode(control_plane, Path(tempfile.mkdtemp(prefix="neuronmodel-node-")) / "node",
+                             registries=(node_registry.address,))
     problems = [p for p in node.preflight() if "exists" not in p]
     if problems:
         pytest.skip("REAL NODE NOT AVAILABLE: " + "; ".join(problems))
