@@ -24,7 +24,7 @@ from k8s.registry import Registry
 def node_registry(tmp_path_factory) -> Registry:
     """A plain-http OCI registry (`k8s.registry`) the real node's containerd may pull from."""
     if "registry" in install.missing():
-        pytest.skip(f"REAL NODE NOT AVAILABLE: the OCI registry is not installed in {install.bin_dir()}: `make k8s-bin`")
+        pytest.skip(f"REAL NODE NOT AVAILABLE: no OCI registry in {install.bin_dir()}: run `make k8s-bin`")
     with Registry(tmp_path_factory.mktemp("node-registry")) as registry:
         yield registry
 
