@@ -88,6 +88,14 @@ cluster-down: $(STAMP)
 	PYTHONPATH=scripts $(PY) -m k8s.realnode down
 	PYTHONPATH=scripts $(PY) -m k8s.cluster down
 
+## See it work: the images, the chart from a local OCI registry, the operator as a real pod, a NeuronModel of the
+## tiny model answering a chat completion on a real node (root; tests/integration/realnode/test_end_to_end.py).
+## Prints TIMINGS lines: apply -> scheduled -> container started -> model loaded -> ready -> first answer.
+.PHONY: e2e
+e2e: k8s-bin
+	PYTHONPATH=scripts $(PY) -m k8s.realnode packages
+	$(PY) -m pytest -s -ra -p no:cacheprovider tests/integration/realnode/test_end_to_end.py $(PYTEST_ARGS)
+
 ## The chart, packaged for an OCI registry: $(CHART_DEST)/neuronmodel-operator-<version>.tgz (dist/ is gitignored).
 ## Publish: helm push <tgz> oci://<registry>/charts (tests/integration/test_chart_oci.py pushes to a local registry).
 CHART_DEST ?= dist/charts

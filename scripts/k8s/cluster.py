@@ -32,6 +32,8 @@ from k8s import install, lws, nodes
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cluster"
 START_TIMEOUT_S = 120
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR
 
 
 def _free_port() -> int:
@@ -164,7 +166,11 @@ class ControlPlane:
                 "-days", "3650", "-subj", "/CN=neuronmodel-test-ca")
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.crt",
                 "-days", "3650", "-subj", "/CN=127.0.0.1", "-CA", "ca.crt", "-CAkey", "ca.key",
-                "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                # the `kubernetes` Service's ClusterIP and names too: in-cluster clients of the real node's pods
+                # (k8s.realnode forwards the Service to 127.0.0.1) verify the serving cert against them
+                "-addext", f"subjectAltName=IP:127.0.0.1,DNS:localhost,IP:{KUBERNETES_SERVICE_IP},"
+                           "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+                           "DNS:kubernetes.default.svc.cluster.local",
                 "-addext", "basicConstraints=critical,CA:FALSE")
         # the apiserver's client cert for kubelets (logs, exec, port-forward of the optional real node, k8s.realnode)
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "kubelet-client.key",
@@ -193,7 +199,7 @@ class ControlPlane:
                     f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={pki / 'tokens.csv'}",
                     "--authorization-mode=Node,RBAC", "--allow-privileged=true",
                     "--enable-admission-plugins=NodeRestriction",  # a node identity edits only its own Node (EKS's)
-                    "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}", "--endpoint-reconciler-type=none",
                     f"--service-account-issuer={self.server}", f"--service-account-key-file={pki / 'sa.pub'}",
                     f"--service-account-signing-key-file={pki / 'sa.key'}", f"--cert-dir={pki}",
                     "--profiling=false",

@@ -16,6 +16,9 @@ What it runs (all from the pinned v1.34.4 build of `k8s.install` and Debian 12 p
     masquerade, no route out of the pods beyond the pod subnet and the Service CIDR, and an iptables chain
     (`NEURONMODEL-POD-EGRESS`) that rejects whatever a pod sends off its bridge all the same;
   * kube-proxy in iptables mode as `system:kube-proxy`, so Service ClusterIPs work from pods and from the host.
+  * the `kubernetes` Service for in-cluster clients (an operator pod): its Endpoints/EndpointSlice name the node IP,
+    where a forwarder passes TCP to the apiserver's 127.0.0.1 port (the apiserver binds loopback only and runs
+    `--endpoint-reconciler-type=none`; its serving cert names 10.96.0.1 and kubernetes.default.svc).
 
 Placement: the node poses as a CPU node (`node.kubernetes.io/instance-type=m5.xlarge`, what the operator's
 torch pods select) and carries `neuronmodel.dev/real-node=true` as a label and as a NoSchedule taint: a pod
@@ -47,7 +50,7 @@ from pathlib import Path
 
 from k8s import install, pause
 from k8s import realnode_host as host
-from k8s.cluster import ControlPlane, _alive, _free_port, _get
+from k8s.cluster import SERVICE_CIDR, ControlPlane, _alive, _free_port, _get
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "neuronmodel-realnode"
 START_TIMEOUT_S = 120
@@ -61,7 +64,8 @@ LABELS = {
     "topology.kubernetes.io/region": "us-west-2",
     "topology.kubernetes.io/zone": "us-west-2a",
 }
-SERVICE_CIDR = "10.96.0.0/16"  # the control plane's --service-cluster-ip-range
+#: The `kubernetes` Service's endpoint on the node IP: a forwarder to the apiserver's 127.0.0.1 port.
+API_PORT = 6443
 # outside the node's dir: what containerd's CNI library and the kubelet write at fixed paths
 CNI_CACHE = Path("/var/lib/cni")
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
@@ -100,6 +104,36 @@ if "create" in args or "run" in args:
 if "exec" in args and value(("--process", "-p")):
     clamp(value(("--process", "-p")), False)
 os.execv("{runc}", ["runc", *args])
+'''
+
+
+API_FORWARDER = '''#!{python} -IS
+"""TCP from the node IP to the apiserver's loopback port, byte for byte (TLS stays end to end)."""
+import asyncio, sys
+listen_host, listen_port = sys.argv[1].rsplit(":", 1)
+target_host, target_port = sys.argv[2].rsplit(":", 1)
+async def pipe(reader, writer):
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+async def handle(reader, writer):
+    try:
+        up_reader, up_writer = await asyncio.open_connection(target_host, int(target_port))
+    except OSError:
+        writer.close()
+        return
+    await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+async def main():
+    server = await asyncio.start_server(handle, listen_host, int(listen_port), reuse_address=True)
+    print(f"forwarding {sys.argv[1]} -> {sys.argv[2]}", flush=True)
+    async with server:
+        await server.serve_forever()
+asyncio.run(main())
 '''
 
 
@@ -153,6 +187,7 @@ class RealNode:
             self.timings["containerd"] = time.monotonic() - t0
             self._start_kubelet()
             self._start_kube_proxy()
+            self._start_api_forwarder()
             self._wait("node Ready", self.ready)
         except BaseException:
             self.stop(remove=False)
@@ -350,6 +385,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 [{cri}.containerd]
   snapshotter = "overlayfs"
   default_runtime_name = "runc"
+  # an unpacked layer's compressed blob is dropped: the runtime image (about 6 GB) is on disk once, not twice
+  discard_unpacked_layers = true
 [{cri}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
 [{cri}.containerd.runtimes.runc.options]
@@ -420,6 +457,32 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         }, indent=1))
         self._spawn("kube-proxy", str(install.bin_dir() / "kube-proxy"), f"--config={config}", "--v=1")
         self._wait("kube-proxy healthz", lambda: _get(f"http://127.0.0.1:{healthz}/healthz")[0] == 200)
+
+    def _start_api_forwarder(self) -> None:
+        """In-cluster clients (KUBERNETES_SERVICE_HOST=10.96.0.1:443) reach the apiserver through the `kubernetes`
+        Service: its endpoint (written here; the apiserver runs `--endpoint-reconciler-type=none`) is a forwarder on
+        the node IP to the apiserver's 127.0.0.1 port. kube-proxy DNATs the ClusterIP to it; the pods' own routes
+        still end at the pod subnet and the Service CIDR. The serving cert names the ClusterIP (`k8s.cluster`)."""
+        forwarder = self.data_dir / "bin" / "api-forwarder"
+        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+        forwarder.write_text(API_FORWARDER.replace("{python}", python))
+        forwarder.chmod(0o755)
+        api = self.plane.server.removeprefix("https://")
+        self._spawn("api-forwarder", str(forwarder), f"{self.node_ip}:{API_PORT}", api)
+        self._wait("api forwarder", lambda: "forwarding" in (self.data_dir / "logs" / "api-forwarder.log").read_text())
+        address, port = [{"ip": self.node_ip}], [{"name": "https", "port": API_PORT, "protocol": "TCP"}]
+        self.plane.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=neuronmodel-realnode",
+                           "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Endpoints",  # what older clients read; not mirrored into a slice
+             "metadata": {"name": "kubernetes", "namespace": "default",
+                          "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+             "subsets": [{"addresses": address, "ports": port}]},
+            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",  # what kube-proxy reads
+             "metadata": {"name": "kubernetes", "namespace": "default",
+                          "labels": {"kubernetes.io/service-name": "kubernetes",
+                                     "endpointslice.kubernetes.io/managed-by": "neuronmodel-realnode"}},
+             "addressType": "IPv4", "ports": port,
+             "endpoints": [{"addresses": [self.node_ip], "conditions": {"ready": True}}]}]}))
 
     def _start_reaper(self) -> None:
         """A process that cleans up from state.json when the harness dies (PR_SET_PDEATHSIG), even by SIGKILL."""
