@@ -58,7 +58,10 @@ RUN set -- /tmp/wheels/neuronmodel-*.whl \
  && python -m pip install --no-cache-dir --constraint /tmp/wheels/operator-constraints.txt "$1[operator]" \
  && rm -rf /tmp/wheels \
  && if python -c "import torch" 2> /dev/null; then echo "operator: torch got into the image" >&2; exit 1; fi \
- && neuronmodel-operator --help > /dev/null
+ && neuronmodel-operator --help > /dev/null \
+ && groupadd --gid 65532 neuronmodel \
+ && useradd --uid 65532 --gid 65532 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin neuronmodel
+# a passwd entry for 65532: kopf names its identity after getpass.getuser(), which fails without one
 USER 65532:65532
 EXPOSE 8080 8081
 ENTRYPOINT ["neuronmodel-operator"]

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -138,8 +140,16 @@ def configure(settings: kopf.OperatorSettings, client_timeout_s: float) -> None:
 @kopf.on.login(registry=registry)
 def login(**kwargs: Any) -> Any:
     """In a pod: the ServiceAccount; outside: the file KUBECONFIG names (read now, not at import time as the
-    kubernetes client does). Our own registry does not get kopf's default login handlers."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    kubernetes client does). Our own registry does not get kopf's default login handlers.
+
+    In a pod the server is KUBERNETES_SERVICE_HOST:PORT, as client-go's in-cluster config has it: kopf's own
+    handler names https://kubernetes.default.svc, which needs cluster DNS (a cluster without it, or a pod whose
+    dnsPolicy resolves elsewhere, never connects)."""
+    info = kopf.login_with_service_account(**kwargs)
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if info is not None and host and port:
+        return dataclasses.replace(info, server=f"https://{f'[{host}]' if ':' in host else host}:{port}")
+    return info or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
