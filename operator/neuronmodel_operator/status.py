@@ -29,6 +29,9 @@ Phase, first match wins (its reason and message are the Ready condition's):
   Pending    Unschedulable   no live pod is scheduled and some have PodScheduled=False: the scheduler's message
                              ("0/5 nodes are available: 5 Insufficient aws.amazon.com/neuroncore") is the message.
   Pending    Scheduling      no live pod is scheduled yet, none refused.
+  Failed     ContainersFailing  pods are scheduled, none is ready, and a container of every one is failing
+                             (CrashLoopBackOff, ImagePullBackOff...: a wrong model path, a bad image): the first
+                             container's reason is the message. The kubelet keeps retrying; the phase follows it.
   Loading    Loading         pods are scheduled, none is ready (weights loading, or compiling in place).
   Degraded   Degraded        0 < readyReplicas < desired.
   Loading    RollingOut      enough replicas are ready but the rollout is not complete (new pods loading).
@@ -73,11 +76,14 @@ from neuronmodel_operator.api import CONDITION_TYPES
 from neuronmodel_operator.resolve import Resolved
 
 #: Ready reasons whose Event is a Warning; every other transition is Normal.
-WARNING_REASONS = frozenset({"InvalidSpec", "CompileFailed", "Unschedulable", "Degraded"})
+WARNING_REASONS = frozenset({"InvalidSpec", "CompileFailed", "ContainersFailing", "Unschedulable", "Degraded"})
 #: Condition reasons worth an Event of their own when a condition takes them (the phase does not show them).
 CONDITION_EVENTS = {("ArtifactsReady", "Compiled"): "Normal", ("Progressing", "ProgressDeadlineExceeded"): "Warning"}
 #: Container waiting reasons that are just progress, not a problem to show.
 _STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+#: Container waiting reasons of a container that cannot run as it is (the kubelet retries with back-off).
+_FAILING = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+                      "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 
 
 @dataclass(frozen=True)
@@ -210,15 +216,17 @@ def _unschedulable(pods: Sequence[Mapping]) -> Optional[str]:
     return f"{len(refused)} serving pod(s) cannot be scheduled: {refused[0].get('message') or refused[0]['reason']}"
 
 
-def _waiting(pods: Sequence[Mapping]) -> Optional[str]:
-    """The first container problem (CrashLoopBackOff, ImagePullBackOff...) of a pod that is not ready."""
+def _waiting(pods: Sequence[Mapping], reasons: Optional[frozenset] = None) -> Optional[str]:
+    """The first container problem (CrashLoopBackOff, ImagePullBackOff...) of these pods: any waiting reason but
+    _STARTING, or only `reasons`."""
     for pod in pods:
         status = pod.get("status") or {}
         for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
             waiting = (container.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") and waiting["reason"] not in _STARTING:
+            reason = waiting.get("reason")
+            if reason and reason not in _STARTING and (reasons is None or reason in reasons):
                 detail = f": {waiting['message']}" if waiting.get("message") else ""
-                return f"container {container.get('name')}: {waiting['reason']}{detail}"
+                return f"container {container.get('name')}: {reason}{detail}"
     return None
 
 
@@ -255,6 +263,9 @@ def _phase(o: Observed, artifacts: _Verdict, workload: Optional[_Workload]) -> t
             refused = _unschedulable(pods)
             return "Pending", (_Verdict("False", "Unschedulable", refused) if refused else
                                _Verdict("False", "Scheduling", "waiting for the scheduler to place the serving pods"))
+        if all(_waiting([pod], _FAILING) for pod in scheduled) and len(scheduled) == len(pods):
+            return "Failed", _Verdict("False", "ContainersFailing", f"no serving pod can run: "
+                                      f"{_waiting(scheduled, _FAILING)} (kubectl logs --previous -l {o.selector})")
         return "Loading", _Verdict("False", "Loading", f"{len(scheduled)} serving pod(s) scheduled, none ready yet: "
                                    f"loading the model (kubectl logs -l {o.selector}){_blockers(pods)}")
     if workload.ready < desired:

@@ -221,6 +221,24 @@ def test_scheduled_pods_none_ready_is_loading_and_names_container_problems():
     assert "container runtime: CrashLoopBackOff: back-off 40s" in message
 
 
+def test_every_scheduled_pod_failing_is_failed_with_the_containers_reason():
+    """A wrong model path: the runtime exits at start, every pod crash-loops; a Warning Event, not Loading forever."""
+    crash = {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=runtime"}
+    current = run(observe(workload=deployment(), pods=[pod("llama-0", waiting=crash), pod("llama-1", waiting=crash)]))
+    ready = cond(current, "Ready")
+    assert (current["phase"], ready["reason"]) == ("Failed", "ContainersFailing")
+    assert "container runtime: CrashLoopBackOff: back-off 40s" in ready["message"]
+    assert f"kubectl logs --previous -l {SELECTOR}" in ready["message"]
+    assert events({}, current) == [("Warning", "ContainersFailing", ready["message"])]
+    pulling = {"reason": "ImagePullBackOff", "message": "pull access denied"}
+    assert run(observe(workload=deployment(), pods=[pod("llama-0", waiting=pulling)]))["phase"] == "Failed"
+    # one pod still loading (or one not yet scheduled): it may come up, so Loading (or Pending) with the problem named
+    loading = run(observe(workload=deployment(), pods=[pod("llama-0", waiting=crash), pod("llama-1")]))
+    assert (loading["phase"], cond(loading, "Ready")["reason"]) == ("Loading", "Loading")
+    unplaced = run(observe(workload=deployment(), pods=[pod("llama-0", waiting=crash), pod("llama-1", scheduled=False)]))
+    assert unplaced["phase"] == "Loading"
+
+
 def test_degraded_reports_total_replicas_for_the_scale_subresource():
     pods = [pod("llama-0", ready=True, ready_at=25), pod("llama-1"), pod("llama-2")]
     current = run(observe(workload=deployment(desired=3, ready=1), pods=pods))

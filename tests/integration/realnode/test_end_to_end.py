@@ -370,9 +370,6 @@ def test_a_wrong_model_path_is_not_ready_and_its_status_names_the_containers_rea
     assert wrong_path["events"], "the NeuronModel has Events of its own"
 
 
-@pytest.mark.xfail(strict=True, reason="status.py: serving pods that are scheduled but none ready are phase Loading "
-                   "(a Normal Event), even when every container is in CrashLoopBackOff; issue 11 asks for Failed or "
-                   "Degraded and a Warning Event")
 def test_a_wrong_model_path_goes_failed_or_degraded_with_a_warning_event(wrong_path):
     assert wrong_path["nm"]["status"]["phase"] in ("Failed", "Degraded"), condition(wrong_path["nm"], "Ready")
     assert any(e["type"] == "Warning" for e in wrong_path["events"]), wrong_path["events"]
