@@ -56,6 +56,7 @@ COVERED_ELSEWHERE = {
     "helm install neuronmodel charts/neuronmodel-operator -n neuronmodel-system --create-namespace":
         "tests/integration/test_chart_install.py",
     "make chart": "tests/integration/test_chart_oci.py",
+    "sudo make e2e": "tests/integration/realnode/test_end_to_end.py",  # make test runs that module too
 }
 
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
