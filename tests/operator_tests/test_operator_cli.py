@@ -217,6 +217,24 @@ def test_replicas_of_one_deployment_get_different_peering_priorities(env):
     assert cli.peering_priority(parse()) == 0  # standalone: no peering, no priority
 
 
+def test_in_a_pod_the_login_is_the_service_hosts_address_not_a_dns_name(env, monkeypatch):
+    """kopf's service-account login names https://kubernetes.default.svc (cluster DNS); client-go's in-cluster
+    config, and ours, use KUBERNETES_SERVICE_HOST:PORT."""
+    in_pod = kopf.ConnectionInfo(server="https://kubernetes.default.svc", token="t", ca_path="/ca.crt")
+    monkeypatch.setattr(kopf, "login_with_service_account", lambda **kw: in_pod)
+    monkeypatch.setattr(kopf, "login_with_kubeconfig", lambda **kw: pytest.fail("a pod uses its ServiceAccount"))
+    env.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    env.setenv("KUBERNETES_SERVICE_PORT", "443")
+    info = handlers.login(logger=logging.getLogger("test"))
+    assert (info.server, info.token, info.ca_path) == ("https://10.96.0.1:443", "t", "/ca.crt")
+    env.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    assert handlers.login(logger=logging.getLogger("test")).server == "https://[fd00::1]:443"
+    outside = kopf.ConnectionInfo(server="https://127.0.0.1:6443", token="admin")
+    monkeypatch.setattr(kopf, "login_with_service_account", lambda **kw: None)
+    monkeypatch.setattr(kopf, "login_with_kubeconfig", lambda **kw: outside)
+    assert handlers.login(logger=logging.getLogger("test")) is outside
+
+
 def test_log_format_is_checked(env, capsys):
     with pytest.raises(SystemExit):
         parse("--log-format", "xml")
