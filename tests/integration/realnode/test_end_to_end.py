@@ -36,8 +36,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY_MODEL = ROOT / "tests" / "assets" / "tiny" / "target"
-OPERATOR_NS, NS = "neuronmodel-system", "e2e"
-RELEASE = "neuronmodel"
+OPERATOR_NS, NS = "e2e-operator", "e2e"  # not the session operator's neuronmodel-system (conftest)
+RELEASE = "e2e"  # its objects are e2e-operator: no clash with the session operator's RBAC
 NAME_LABEL = "neuronmodel.dev/name"
 CHILD_KINDS = "deployments,replicasets,pods,services,configmaps,jobs,poddisruptionbudgets"
 RUN_AS = 1000  # the runtime pods' uid (builders/pod.py): the compile cache must be writable for it
