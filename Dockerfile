@@ -16,9 +16,10 @@
 # an instruction: the labels every target shares on one line, then its own.
 
 # Offline builds (scripts/images/, `make images`): the stages that run pip declare PIP_NO_INDEX and PIP_FIND_LINKS,
-# unset by default (pip then uses its index, as before). The local build sets them to install only from a wheelhouse
-# made on the host and bind-mounted read-only for the RUN steps (`buildah bud -v <wheelhouse>:/tmp/wheelhouse:ro`),
-# so no wheel of it lands in a layer; ARG values are not kept in the image's environment.
+# unset by default (pip then uses its index, as before), and the one that runs apt declares APT_CONFIG. The local
+# build sets them to install only from a wheelhouse and a local apt repository made on the host and bind-mounted
+# read-only for the RUN steps (`buildah bud -v <wheelhouse>:/tmp/wheelhouse:ro`), so nothing of them lands in a
+# layer; ARG values are not kept in the image's environment.
 
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -149,6 +150,14 @@ LABEL org.opencontainers.image.description="neuronmodel runtime: the PyTorch ref
       dev.neuronmodel.framework="torch"
 ENV HOME=/home/neuronmodel NEURONMODEL_CACHE=/var/cache/neuronmodel NEURONMODEL_HOST=0.0.0.0 TMPDIR=/tmp TEMP=/tmp PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# g++ for torch.compile's C++ kernels: a torch NeuronModel with a compile cache runs compiled graphs, as Neuron does.
+# APT_CONFIG, unset by default (apt uses Debian's mirrors): the offline build points apt at a local repository
+# bind-mounted like the wheelhouse (scripts/images/debhouse.py).
+ARG APT_CONFIG
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++=4:12.2.0-3 \
+ && rm -rf /var/lib/apt/lists/* \
+ && g++ --version > /dev/null
 COPY --from=wheel /wheels/ /tmp/wheels/
 RUN sh /tmp/wheels/install-runtime.sh
 USER 1000:1000

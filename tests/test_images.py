@@ -372,10 +372,36 @@ def test_runtime_targets_keep_their_steps_in_the_script(stage):
     others = [run.args for run in stage.all("RUN") if run.args != RUN_SCRIPT]
     if images.BY_TARGET[stage.name].sdk:
         assert others == [], f"{stage.name}: a step outside the script"
-    else:  # runtime-cpu: torch, in a layer of its own before the script (a new wheel reinstalls no torch)
-        assert len(others) == 1 and pip_installs_in(others) == [shlex.split(others[0])], others
-        assert "torch==${TORCH_VERSION}" in shlex.split(others[0])
-        assert stage.all("RUN")[0].args == others[0] and stage.all("RUN")[-1].args == RUN_SCRIPT
+    else:  # runtime-cpu: torch, then g++, each in a layer of its own before the script (a new wheel reinstalls
+        # neither)
+        torch, gxx = others
+        assert pip_installs_in([torch]) == [shlex.split(torch)] and "torch==${TORCH_VERSION}" in shlex.split(torch)
+        assert pip_installs_in([gxx]) == [] and "g++" in " ".join(apt_installs_in(gxx))
+        assert [run.args for run in stage.all("RUN")] == [torch, gxx, RUN_SCRIPT]
+
+
+def apt_installs_in(run: str) -> list[str]:
+    """The packages of a RUN's `apt-get install` commands."""
+    out = []
+    for command in re.split(r"&&|;", run):
+        argv = shlex.split(command)
+        if argv[:2] == ["apt-get", "install"]:
+            out += [a for a in argv[2:] if not a.startswith("-")]
+    return out
+
+
+def test_the_offline_debhouse_holds_what_the_dockerfile_installs_with_apt():
+    """scripts/images/debhouse.py downloads the packages runtime-cpu's apt step pins (the offline build installs
+    only from it); an apt step of another stage would have no repository offline."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from images import debhouse
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    apt = {stage.name: sorted(p for run in stage.all("RUN") for p in apt_installs_in(run.args)) for stage in STAGES}
+    assert {name: packages for name, packages in apt.items() if packages} == {
+        name: sorted(packages) for name, packages in debhouse.PACKAGES.items()}
+    assert all("=" in p for packages in debhouse.PACKAGES.values() for p in packages), "pinned (hadolint DL3008)"
 
 
 def test_the_base_check_fails_the_build_when_the_install_changed_the_base():

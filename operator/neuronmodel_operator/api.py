@@ -155,7 +155,8 @@ class Speculation(_Spec):
 class CompileCache(_Spec):
     url: Optional[str] = Field(
         None, description="Compiled-artifact cache: s3://bucket/prefix, pvc://claim/path or a node path. With "
-        "policy IfNotCached or Always a compile Job fills it before the serving pods start.", max_length=1024,
+        "policy IfNotCached or Always a compile Job fills it before the serving pods start. Framework torch "
+        "compiles its graphs (torch.compile) only with a cache.", max_length=1024,
         json_schema_extra=_rules((f"self.matches(r'{CACHE_URL_PATTERN}')",
                                   "compileCache.url must be s3://bucket/prefix, pvc://claim/path or an absolute path")))
     policy: Literal["IfNotCached", "Always", "Never"] = Field(
@@ -164,7 +165,8 @@ class CompileCache(_Spec):
     sharded_weights: bool = Field(
         False, description="Store the weights pre-sharded per TP rank with the compiled artifacts (NxDI's "
         "save_sharded_checkpoint): pods load their rank's shard instead of sharding the checkpoint at start; the "
-        "cache entry grows by the model's size. Not with framework tnx.")
+        "cache entry grows by the model's size. Not with framework tnx; framework torch (one process) has nothing to "
+        "shard and always stores its converted weights.")
 
 
 class Autoscaling(_Spec):

@@ -9,7 +9,8 @@ Dockerfile, images.py and the README keep naming the real base of the published 
 
 What makes it behave as the official image does for the Dockerfile: `python` is python3 (python-is-python3), pip
 is Debian's (python3-pip), PEP 668's EXTERNALLY-MANAGED marker is removed (as root, `python -m pip install` goes
-into the system Python, as it does into /usr/local in the official image), ca-certificates, LANG=C.UTF-8, CMD
+into the system Python, as it does into /usr/local in the official image), Python's headers (libpython3.11-dev:
+the official image ships them, and torch.compile's C++ kernels include Python.h), ca-certificates, LANG=C.UTF-8, CMD
 python3. apt's lists and caches and the documentation are left out. Cached: rebuilt only when its inputs change.
 """
 
@@ -26,7 +27,7 @@ from images import tools
 TAG = "docker.io/library/python:3.11-slim-bookworm"
 SUITE = "bookworm"
 VARIANT = "minbase"
-INCLUDE = ["python3", "python3-pip", "python-is-python3", "ca-certificates"]
+INCLUDE = ["python3", "python3-pip", "python-is-python3", "libpython3.11-dev", "ca-certificates"]
 PYTHON = "3.11"
 #: Debian's mirrors as this machine has them (deb822); mmdebstrap copies the file into the root filesystem.
 SOURCES = Path("/etc/apt/sources.list.d/debian.sources")

@@ -4,12 +4,14 @@
 
 `buildah bud --pull=never --network=none --layers`: FROM resolves to the local base (images.base), pip installs
 only from the target's wheelhouse (images.wheelhouse), bind-mounted read-only at /tmp/wheelhouse for the RUN steps
-(`-v`, never a layer) with PIP_NO_INDEX=1 and PIP_FIND_LINKS, and the RUN steps run under runc (images.tools).
+(`-v`, never a layer) with PIP_NO_INDEX=1 and PIP_FIND_LINKS, apt only from the target's debhouse (images.debhouse,
+at /tmp/debhouse, APT_CONFIG), and the RUN steps run under runc (images.tools).
 
 Two caches: a target whose inputs digest (the Dockerfile, docker/, .dockerignore, the wheel's sources, the
-wheelhouse's digest, the base image's id, the build args, this recipe) is the label `dev.neuronmodel.inputs` of the
-image tagged for it is not built at all; otherwise buildah's layer cache reuses every step before the first changed
-one (runtime-cpu's torch layer, about 5 GB, survives a change of our code: its step names only TORCH_VERSION).
+wheelhouse's and the debhouse's digests, the base image's id, the build args, this recipe) is the label
+`dev.neuronmodel.inputs` of the image tagged for it is not built at all; otherwise buildah's layer cache reuses
+every step before the first changed one (runtime-cpu's torch layer, about 5 GB, survives a change of our code: its
+step names only TORCH_VERSION; the g++ step after it, only its debhouse).
 
 Local names (this storage only): `localhost/neuronmodel/neuronmodel-operator:<version>` and
 `localhost/neuronmodel/neuronmodel-runtime:<version>-runtime-cpu`. `push(target, "127.0.0.1:PORT")` puts them in
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from images import base, tools, wheelhouse
+from images import base, debhouse, tools, wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -40,7 +42,7 @@ SOURCES = ("pyproject.toml", "README.md", "operator", "runtime", "docker", "Dock
 SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".pyd")
 #: Bumped when the recipe below changes what an image holds.
-RECIPE = 1
+RECIPE = 2
 
 
 def version() -> str:
@@ -76,24 +78,29 @@ def source_files() -> list[Path]:
 
 
 def build_args(target: str) -> dict[str, str]:
-    return {"VERSION": version(), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheelhouse.MOUNT}
+    args = {"VERSION": version(), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheelhouse.MOUNT}
+    if target in debhouse.PACKAGES:
+        args["APT_CONFIG"] = f"{debhouse.MOUNT}/apt.conf"
+    return args
 
 
-def inputs_digest(target: str, wheels: dict, base_id: str) -> str:
+def inputs_digest(target: str, wheels: dict, base_id: str, debs: dict | None = None) -> str:
     h = hashlib.sha256()
     for file in source_files():
         h.update(str(file.relative_to(ROOT)).encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
     spec = {"target": target, "wheelhouse": wheels["digest"], "base": base_id, "args": build_args(target),
-            "recipe": RECIPE}
+            "debhouse": debs["digest"] if debs else None, "recipe": RECIPE}
     h.update(json.dumps(spec, sort_keys=True).encode())
     return h.hexdigest()
 
 
-def bud_command(target: str, wheels: dict, digest: str) -> list[str]:
+def bud_command(target: str, wheels: dict, digest: str, debs: dict | None = None) -> list[str]:
     argv = ["bud", *tools.signature_policy(), "--pull=never", "--network=none", "--layers", "--isolation=oci",
             "--runtime", str(tools.cache_dir() / "runc"), "--target", target, "--file", str(DOCKERFILE),
             "--volume", f"{wheels['path']}:{wheelhouse.MOUNT}:ro", "--label", f"{LABEL_INPUTS}={digest}",
             "--tag", local_ref(target)]
+    if debs:
+        argv += ["--volume", f"{debs['path']}:{debhouse.MOUNT}:ro"]
     for name, value in build_args(target).items():
         argv += ["--build-arg", f"{name}={value}"]
     return argv + [str(ROOT)]
@@ -118,15 +125,16 @@ def ensure(target: str, log=None) -> dict:
     t0 = time.monotonic()
     built_base = base.ensure()
     wheels = wheelhouse.ensure(target)
-    digest = inputs_digest(target, wheels, built_base["id"])
+    debs = debhouse.ensure(target, built_base["id"])
+    digest = inputs_digest(target, wheels, built_base["id"], debs)
     found = inspect(target)
-    steps = {"base": built_base, "wheelhouse": wheels}
+    steps = {"base": built_base, "wheelhouse": wheels, "debhouse": debs}
     if found is not None and (found["OCIv1"]["config"].get("Labels") or {}).get(LABEL_INPUTS) == digest:
         return {"target": target, "image": local_ref(target), "id": found["FromImageID"], "cached": True,
                 "inputs": digest, "seconds": time.monotonic() - t0, "steps": steps}
     print(f"images: building {target} -> {local_ref(target)} (inputs {digest[:16]}) ...", flush=True)
     t1 = time.monotonic()
-    out = tools.buildah(*bud_command(target, wheels, digest), capture=log is None, cwd=ROOT)
+    out = tools.buildah(*bud_command(target, wheels, digest, debs), capture=log is None, cwd=ROOT)
     built = inspect(target)
     tools.buildah("rmi", "--prune", check=False)  # the image this one replaced (the layer cache keeps the rest)
     return {"target": target, "image": local_ref(target), "id": built["FromImageID"], "cached": False,
@@ -153,16 +161,16 @@ def export_oci_archive(target: str, path: Path, name: str | None = None) -> Path
 
 
 def sizes() -> dict[str, int]:
-    """Bytes of what this module keeps: buildah's storage and each wheelhouse."""
+    """Bytes of what this module keeps: buildah's storage, each wheelhouse and debhouse."""
     root = tools.cache_dir()
     out = {"storage": tools.du(root / "storage")}
-    for folder in sorted(root.glob("wheelhouse-*")):
+    for folder in sorted([*root.glob("wheelhouse-*"), *root.glob("debhouse-*")]):
         out[folder.name] = tools.du(folder)
     return out
 
 
 def clean() -> None:
-    """Every image, container and layer of the private storage (the wheelhouses stay)."""
+    """Every image, container and layer of the private storage (the wheelhouses and debhouses stay)."""
     tools.buildah("rm", "--all", check=False)
     tools.buildah("rmi", "--all", "--force", check=False)
 

@@ -1,4 +1,4 @@
-"""buildah and mmdebstrap from Debian, and buildah with the project's own storage and runtime.
+"""buildah, mmdebstrap and dpkg-dev (images.debhouse) from Debian, and buildah with the project's own storage and runtime.
 
 Installed with `apt-get install -y --no-install-recommends` (after one `apt-get update`) only when missing.
 Everything buildah keeps lies under `$NEURONMODEL_CACHE/images/` (never the machine's /var/lib/containers):
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 #: Debian package -> a command it installs (present: nothing to do).
-PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc"}
+PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc", "dpkg-dev": "dpkg-scanpackages"}
 
 #: runc, with process.oomScoreAdj clamped to >= 0 in the bundle's config.json before `create`/`run`: this sandbox
 #: forbids lowering oom_score_adj, and runc then fails with "can't get final child's PID from pipe". A no-op where

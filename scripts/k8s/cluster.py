@@ -291,20 +291,28 @@ class ControlPlane:
         return status == 200 and len(ready) == len(nodes.SHAPES)
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) not in (1, 2) or argv[0] not in ("up", "down"):
-        sys.exit(__doc__)
-    plane = ControlPlane(Path(argv[1]) if len(argv) == 2 else DEFAULT_DIR)
-    if argv[0] == "down":
-        plane.stop()
-        print(f"cluster: stopped; removed {plane.data_dir}")
-        return
+def up(data_dir: Path) -> ControlPlane:
+    """Start the control plane in `data_dir` and say how long it took (what `make cluster` prints); exits with
+    the reason when it cannot start."""
+    plane = ControlPlane(data_dir)
     try:
         seconds = plane.start()
     except (RuntimeError, TimeoutError) as err:
         sys.exit(f"cluster: {err}")
     print(f"cluster: {install.K8S_VERSION} ready in {seconds:.1f} s (start-to-ready: etcd, kube-apiserver, "
           f"controller-manager, scheduler, kwok with {len(nodes.SHAPES)} Ready nodes, LWS controller)")
+    return plane
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) not in (1, 2) or argv[0] not in ("up", "down"):
+        sys.exit(__doc__)
+    data_dir = Path(argv[1]) if len(argv) == 2 else DEFAULT_DIR
+    if argv[0] == "down":
+        ControlPlane(data_dir).stop()
+        print(f"cluster: stopped; removed {data_dir}")
+        return
+    plane = up(data_dir)
     print(f"export KUBECONFIG={plane.kubeconfig}")
 
 

@@ -53,9 +53,13 @@ KWOK_STAGES = ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node
                "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"]
 
 
+def cache_root() -> Path:
+    """`$NEURONMODEL_CACHE`, default ~/.cache/neuronmodel: every build and cache kept outside the repository."""
+    return Path(os.environ.get("NEURONMODEL_CACHE") or Path.home() / ".cache" / "neuronmodel")
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("NEURONMODEL_CACHE") or Path.home() / ".cache" / "neuronmodel"
-    return Path(root) / "k8s" / K8S_VERSION
+    return cache_root() / "k8s" / K8S_VERSION
 
 
 def bin_dir() -> Path:

@@ -41,14 +41,13 @@ import json
 import os
 import secrets
 import signal
-import ssl
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from k8s import install, pause
+from k8s import cluster, install, pause
 from k8s import realnode_host as host
 from k8s.cluster import SERVICE_CIDR, ControlPlane, _alive, _free_port, _get
 
@@ -600,8 +599,6 @@ def _reap(data_dir: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from k8s.cluster import DEFAULT_DIR as CLUSTER_DIR
-
     if not argv or argv[0] not in ("up", "down", "packages", "reap"):
         sys.exit(__doc__)
     if argv[0] == "packages":
@@ -618,11 +615,9 @@ def main(argv: list[str]) -> None:
             print(f"realnode: stopped {state['name']}; removed {data_dir}")
         return
     install.ensure_node_packages()
-    plane = ControlPlane(CLUSTER_DIR)
+    plane = cluster.up(cluster.DEFAULT_DIR)
+    node = RealNode(plane, data_dir)
     try:
-        seconds = plane.start()
-        print(f"cluster: control plane ready in {seconds:.1f} s")
-        node = RealNode(plane, data_dir)
         seconds = node.start()
     except (RuntimeError, TimeoutError) as err:
         sys.exit(f"realnode: {err}")

@@ -7,15 +7,19 @@ end, at exit, or, if pytest is killed, through PR_SET_PDEATHSIG. The binaries co
 
 Helpers (session fixtures): `admin_client` (official `kubernetes` client as `system:masters`),
 `service_account` (a ServiceAccount bound to a Role, authenticated by a TokenRequest token),
-`install_crds` (server-side apply + wait for Established), `wait_until`, `namespace` (per test).
+`install_crds` (server-side apply + wait for Established), `wait_until`, `namespace` (per test), `oci_registry`
+(a plain-http OCI registry for charts and images, its storage a cache).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import json
+import shutil
 import sys
-import time
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +32,11 @@ from kubernetes import client as kube  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from k8s import cluster, install  # noqa: E402
 from k8s.operator_process import OperatorProcess  # noqa: E402
+from k8s.registry import Registry  # noqa: E402
+from polling import wait  # noqa: E402
+
+#: Past this size the registry cache is emptied before a session uses it (each image change leaves old layers).
+REGISTRY_CACHE_MAX_BYTES = 12 * 2**30
 
 
 @pytest.fixture(scope="session")
@@ -45,24 +54,37 @@ def control_plane(tmp_path_factory) -> cluster.ControlPlane:
 
 
 @pytest.fixture(scope="session")
+def oci_registry() -> Registry:
+    """A plain-http OCI registry (`k8s.registry`): charts for Helm, images for the real node's containerd.
+
+    Its storage is a cache, `$NEURONMODEL_CACHE/registry`: blobs are content-addressed, so a later session pushes
+    only the layers that changed (the runtime image's ~3 GB torch layer once per machine, not once per run). One
+    session holds it (an flock); a concurrent session gets a temporary one.
+    """
+    if "registry" in install.missing():
+        pytest.skip(f"no OCI registry in {install.bin_dir()}: run `make k8s-bin` (about 4 min cold)")
+    with contextlib.ExitStack() as stack:
+        cached = install.cache_root() / "registry"
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        lock = stack.enter_context(open(cached.with_name("registry.lock"), "w"))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            data_dir = cached
+            if sum(f.stat().st_size for f in cached.rglob("*") if f.is_file()) > REGISTRY_CACHE_MAX_BYTES:
+                shutil.rmtree(cached)
+        except BlockingIOError:
+            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="neuronmodel-registry-")))
+        yield stack.enter_context(Registry(data_dir))
+
+
+@pytest.fixture(scope="session")
 def admin_client(control_plane) -> kube.ApiClient:
     return kubernetes.config.new_client_from_config(config_file=str(control_plane.kubeconfig))
 
 
 @pytest.fixture(scope="session")
 def wait_until():
-    """`wait_until(what, fn, timeout=60)`: poll `fn` until it returns something truthy, and return it."""
-
-    def wait(what: str, fn, timeout: float = 60.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            result = fn()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-            time.sleep(0.2)
-
+    """`wait_until(what, fn, timeout=60, diagnose=None)`: polling.wait, poll `fn` until it returns something truthy."""
     return wait
 
 

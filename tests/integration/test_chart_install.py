@@ -9,6 +9,7 @@ Standard is the apiserver's own PodSecurity admission (on by default), enforced 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import socket
@@ -16,6 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
@@ -198,6 +200,25 @@ def local_operator(cluster: Cluster, deployment: dict, kubeconfig: Path, log: Pa
     return OperatorProcess(kubeconfig, log, None, *args, env=env)
 
 
+@contextlib.contextmanager
+def chart_operator(control_plane, cluster: Cluster, deployment: dict, check: dict) -> Iterator[Path]:
+    """The chart's operator running (`local_operator`) with its ServiceAccount's token, once RBAC allows `check`;
+    yields its log. On the way out: stopped, and its log holds no 403 (a right the chart's RBAC lacks)."""
+    namespace = deployment["metadata"]["namespace"]
+    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    kubeconfig = token_kubeconfig(control_plane, cluster.client, namespace, sa,
+                                  control_plane.data_dir / f"{namespace}-{sa}.kubeconfig", check=check)
+    log = control_plane.data_dir / "logs" / f"operator-chart-{namespace}.log"
+    operator = local_operator(cluster, deployment, kubeconfig, log)
+    operator.start(timeout=90)
+    try:
+        yield log
+    finally:
+        operator.stop()
+    forbidden = forbidden_lines(log.read_text())
+    assert forbidden == [], "403s: the operator reached outside the chart's RBAC\n" + "\n".join(forbidden[:10])
+
+
 def assert_children(cluster: Cluster, namespace: str, body: dict) -> None:
     name, uid = body["metadata"]["name"], body["metadata"]["uid"]
     children = [cluster.apps.read_namespaced_deployment(name, namespace),
@@ -242,16 +263,10 @@ def test_helm_install_puts_the_operator_on_the_cpu_node_and_installs_the_crds(re
 def test_the_chart_service_account_reconciles_the_tiny_sample(release, cluster, control_plane, namespaces):
     helm, name, namespace, objects, _, _ = release
     (deployment,) = objects["Deployment"]
-    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     assert find(objects.get("ClusterRole", []), "ClusterRole"), "watchNamespaces empty: a ClusterRole"
     assert not objects.get("Role"), "watchNamespaces empty: no Roles"
-    kubeconfig = token_kubeconfig(control_plane, cluster.client, namespace, sa, control_plane.data_dir /
-                                  f"{namespace}-{sa}.kubeconfig", check={"verb": "watch", "group": GROUP,
-                                                                         "resource": PLURAL})
-    log = control_plane.data_dir / "logs" / f"operator-chart-{namespace}.log"
-    operator = local_operator(cluster, deployment, kubeconfig, log)
-    operator.start(timeout=90)
-    try:
+    with chart_operator(control_plane, cluster, deployment,
+                        check={"verb": "watch", "group": GROUP, "resource": PLURAL}) as log:
         models = namespaces()
         body = tiny_sample()
         cluster.apply(models, body)
@@ -262,11 +277,7 @@ def test_the_chart_service_account_reconciles_the_tiny_sample(release, cluster, 
         assert {c["type"]: c["status"] for c in status["conditions"]} == {
             "ArtifactsReady": "True", "Available": "True", "Progressing": "True", "Ready": "True"}
         assert_children(cluster, models, ready)
-    finally:
-        operator.stop()
-    text = log.read_text()
-    assert text.lstrip().startswith("{"), "the chart's default logFormat is json"
-    assert forbidden_lines(text) == [], "the chart's ClusterRole lacks a right the operator uses"
+    assert log.read_text().lstrip().startswith("{"), "the chart's default logFormat is json"
 
 
 def test_peering_replicas_keep_alive_in_the_chart_peering_object(control_plane, helm_home, namespaces, cluster):
@@ -283,24 +294,14 @@ def test_peering_replicas_keep_alive_in_the_chart_peering_object(control_plane, 
         (peering,) = objects["ClusterKopfPeering"]
         env = local_env(deployment, namespace)
         assert env["NEURONMODEL_OPERATOR_PEERING"] == peering["metadata"]["name"]
-        sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-        kubeconfig = token_kubeconfig(control_plane, cluster.client, namespace, sa, control_plane.data_dir /
-                                      f"{namespace}-{sa}.kubeconfig", check={"verb": "patch", "group": "kopf.dev",
-                                                                             "resource": "clusterkopfpeerings"})
-        log = control_plane.data_dir / "logs" / f"operator-chart-{namespace}.log"
-        operator = local_operator(cluster, deployment, kubeconfig, log)
-        operator.start(timeout=90)
-        try:
+        with chart_operator(control_plane, cluster, deployment,
+                            check={"verb": "patch", "group": "kopf.dev", "resource": "clusterkopfpeerings"}):
             cluster.wait_until("a keep-alive in the peering object", lambda: cluster.custom.get_cluster_custom_object(
                 "kopf.dev", "v1", "clusterkopfpeerings", peering["metadata"]["name"]).get("status"), 30)
             models = namespaces()
             body = tiny_sample()
             cluster.apply(models, body)
             assert_children(cluster, models, cluster.phase(models, body["metadata"]["name"], "Ready"))
-        finally:
-            operator.stop()
-        forbidden = forbidden_lines(log.read_text())
-        assert forbidden == [], "403s with peering:\n" + "\n".join(forbidden[:10])
     finally:
         helm.uninstall(name, namespace, check=False)
 
@@ -333,14 +334,11 @@ def test_watch_namespaces_under_the_restricted_pod_security_standard(control_pla
         env = local_env(deployment, home)
         assert env.get("NEURONMODEL_OPERATOR_NAMESPACES") == a
 
-        sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-        kubeconfig = token_kubeconfig(control_plane, cluster.client, home, sa, control_plane.data_dir /
-                                      f"{home}-{sa}.kubeconfig", check={"namespace": a, "verb": "watch",
-                                                                        "group": GROUP, "resource": PLURAL})
-        log = control_plane.data_dir / "logs" / f"operator-chart-{home}.log"
-        operator = local_operator(cluster, deployment, kubeconfig, log)
-        operator.start(timeout=90)
-        try:
+        # kopf, when not cluster-wide, lists and watches namespaces (observation.namespace_observer): were that
+        # refused, it would retry 9 times over ~55 s before falling back to the exact names; chart_operator checks
+        # that no 403 happened
+        with chart_operator(control_plane, cluster, deployment,
+                            check={"namespace": a, "verb": "watch", "group": GROUP, "resource": PLURAL}) as log:
             # hf:// (an emptyDir and a download init container): a hostPath model is refused by restricted (below)
             ignored, served = tiny_sample("hf://HuggingFaceTB/SmolLM2-135M-Instruct"), tiny_sample(
                 "hf://HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -374,12 +372,6 @@ def test_watch_namespaces_under_the_restricted_pod_security_standard(control_pla
             assert not cluster.apps.list_namespaced_deployment(b).items
             assert not cluster.core.list_namespaced_service(b).items
             assert [c.metadata.name for c in cluster.core.list_namespaced_config_map(b).items] == ["kube-root-ca.crt"]
-        finally:
-            operator.stop()
-        forbidden = forbidden_lines(log.read_text())
-        # kopf, when not cluster-wide, lists and watches namespaces (observation.namespace_observer): refused, it
-        # retries 9 times over ~55 s before it falls back to the exact names, and only then starts watching `a`
-        assert forbidden == [], "403s: the operator reached outside its RBAC\n" + "\n".join(forbidden[:10])
     finally:
         helm.uninstall(name, home, check=False)
 

@@ -22,7 +22,6 @@ import pytest
 import yaml
 
 from k8s import install
-from k8s.registry import Registry
 
 pytestmark = pytest.mark.slow
 
@@ -74,14 +73,6 @@ def helms(tmp_path_factory) -> dict[str, Helm]:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory) -> Registry:
-    if "registry" in install.missing():
-        pytest.skip(f"the OCI registry is not built into {install.bin_dir()}: run `make k8s-bin` (about 4 min cold)")
-    with Registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def packaged(tmp_path_factory) -> Path:
     """`make chart` into a temporary folder (k8s-bin is taken as done: the fixtures above checked the binaries)."""
     if shutil.which("make") is None:
@@ -94,13 +85,13 @@ def packaged(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pushed(helms, registry, packaged) -> dict[str, str]:
+def pushed(helms, oci_registry, packaged) -> dict[str, str]:
     """Each Helm pushes the package to a repository of its own: Helm -> the chart's oci:// reference."""
     refs = {}
     for name, helm in helms.items():
-        out = helm("push", str(packaged), f"oci://{registry.address}/{name}", "--plain-http")
+        out = helm("push", str(packaged), f"oci://{oci_registry.address}/{name}", "--plain-http")
         assert "Digest: sha256:" in out.stdout + out.stderr, out.stdout + out.stderr
-        refs[name] = f"oci://{registry.address}/{name}/{NAME}"
+        refs[name] = f"oci://{oci_registry.address}/{name}/{NAME}"
     return refs
 
 
@@ -114,10 +105,10 @@ def test_make_chart_packages_the_chart_with_its_crds(helms, packaged):
 
 
 @pytest.mark.parametrize("pusher", HELMS)
-def test_the_registry_holds_what_each_helm_pushed_as_a_helm_chart(pushed, registry, pusher):
+def test_the_registry_holds_what_each_helm_pushed_as_a_helm_chart(pushed, oci_registry, pusher):
     repository = pushed[pusher].split("/", 3)[3]
-    assert registry.tags(repository) == [VERSION]
-    request = urllib.request.Request(f"{registry.url}/v2/{repository}/manifests/{VERSION}",
+    assert oci_registry.tags(repository) == [VERSION]
+    request = urllib.request.Request(f"{oci_registry.url}/v2/{repository}/manifests/{VERSION}",
                                      headers={"Accept": OCI_MANIFEST})
     with urllib.request.urlopen(request, timeout=10) as response:
         manifest = json.loads(response.read())

@@ -288,6 +288,28 @@ with urllib.request.urlopen(req, timeout=60) as r:
         assert '"torch"' in info.stdout, info.stdout
 
 
+def test_the_runtime_image_compiles_the_tiny_model_and_a_second_run_is_a_cache_hit(built, container, tmp_path):
+    """What the operator's compile Job runs with a compile cache (RuntimeConfig compile: true): torch.compile's C++
+    kernels need the image's g++; the second run in the same container finds the entry the first one stored."""
+    built["runtime-cpu"]
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "config.json").write_text(json.dumps({
+        "model": "/models/tiny", "framework": "torch", "compile": True, "max_num_seqs": 2, "max_model_len": 128,
+        "max_context_length": 64, "compile_cache": {"url": "/tmp/store", "policy": "IfNotCached"}}))
+    compile_twice = "neuronmodel-runtime compile --config /etc/neuronmodel/config.json && " \
+                    "rm -rf /tmp/local/compiled && " \
+                    "neuronmodel-runtime compile --config /etc/neuronmodel/config.json"
+    with container("runtime-cpu", args=["sh", "-c", compile_twice], env={"HOME": "/tmp", "NEURONMODEL_CACHE": "/tmp/local"},
+                   binds={"/models/tiny": TINY, "/etc/neuronmodel": etc}) as c:
+        out = c.run(timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    first, second = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert (first["compiled"], first["source"]) == (True, "compiled"), first
+    assert (second["hit"], second["compiled"], second["source"]) == (True, False, "store"), second
+    assert second["key"] == first["key"]
+
+
 # --- cached, and what changes the cache key ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("target", build.TARGETS)

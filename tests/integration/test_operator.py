@@ -6,7 +6,6 @@ complete, so a NeuronModel goes all the way to Ready (or stays Pending when no n
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 from pathlib import Path

@@ -97,6 +97,18 @@ def test_serving_pods_never_recompile_on_every_start():
     assert builders.compile_children(never) == []
 
 
+def test_a_compile_cache_turns_on_the_reference_runners_compiled_graphs():
+    """Framework torch compiles its graphs only with RuntimeConfig compile: true; a compile cache is what sets it
+    (for the Job and the serving pods alike), so the Job has something to store and replicas start from it."""
+    plain = golden.target("tiny-torch")
+    assert RuntimeConfig.model_validate(builders.runtime_config(plain)).compile is False
+    cached = golden.target("tiny-torch", compileCache={"url": "pvc://cache/artifacts"})
+    assert cached.spec.framework == "torch"
+    for for_compile in (False, True):
+        assert RuntimeConfig.model_validate(builders.runtime_config(cached, for_compile)).compile is True
+    assert builders.runtime_config(golden.target("trn1-s3-cache"))["compile"] is True
+
+
 def test_compile_job_only_when_the_cache_policy_asks():
     with_job = {case for case in CASES if builders.compile_children(golden.target(case))}
     assert with_job == {"trn1-s3-cache", "trn2-lnc-autoscale", "multinode-lws"}

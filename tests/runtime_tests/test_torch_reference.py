@@ -157,6 +157,14 @@ def test_capacity_and_info(tiny_checkpoint):
     }
 
 
+def test_sharded_weights_are_said_to_have_no_effect(tiny_checkpoint, caplog):
+    """NxDI's pre-sharded weights mean nothing to one process: the runner says so and serves as before."""
+    with caplog.at_level("WARNING", logger="neuronmodel_runtime.runners.torch_reference"):
+        runner = make_runner(tiny_checkpoint("llama"), compile_cache={"sharded_weights": True})
+    assert "compile_cache.sharded_weights has no effect on the torch reference runner" in caplog.text
+    assert runner.capacity().vocab_size == 96
+
+
 def test_bad_batches_are_rejected(tiny_checkpoint):
     runner = make_runner(tiny_checkpoint("llama"))
     with pytest.raises(ValueError, match="distinct"):

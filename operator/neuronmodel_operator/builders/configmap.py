@@ -28,6 +28,16 @@ def serving_cache_policy(target: Target) -> str:
     return "Never" if target.spec.compile_cache.policy == "Never" else "IfNotCached"
 
 
+def compiles(target: Target) -> bool:
+    """RuntimeConfig `compile`: on exactly when the spec has a compile cache.
+
+    The Neuron runners compile whatever it says; the reference runner (framework torch, or auto on the CPU image)
+    compiles its fixed-shape graphs, as Neuron does, only when asked. A compile cache asks: without compiled graphs
+    the compile Job would have nothing to store, and every replica would start as the first one did.
+    """
+    return sources.compile_cache_mount(target.spec) is not None
+
+
 def runtime_config(target: Target, for_compile: bool = False) -> dict[str, Any]:
     """The RuntimeConfig document (a dict) of the serving pods, or of the compile Job (`for_compile`: the spec's
     own cache policy)."""
@@ -37,6 +47,7 @@ def runtime_config(target: Target, for_compile: bool = False) -> dict[str, Any]:
     return {
         "model": sources.model_mount(spec).path,
         "framework": spec.framework,
+        "compile": compiles(target),
         "dtype": spec.model.dtype,
         "max_num_seqs": spec.batching.max_batch_size,
         "max_model_len": spec.batching.max_seq_len,

@@ -32,7 +32,9 @@ SERVE_COMMAND = ("neuronmodel-runtime", "serve", "--config", sources.CONFIG_FILE
 WORKER_COMMAND = ("neuronmodel-runtime", "worker", "--config", sources.CONFIG_FILE)
 COMPILE_COMMAND = ("neuronmodel-runtime", "compile", "--config", sources.CONFIG_FILE)
 
-STARTUP_PERIOD_S = 10
+#: The startupProbe's period: a pod turns Ready at most this long after it could (the real-node e2e: a warm
+#: replica's whole start is about 10 s), for one /ready request per period while it starts.
+STARTUP_PERIOD_S = 5
 #: Startup budgets (seconds) of `startup_budget_s`.
 BUDGET_TORCH_S = 10 * 60
 BUDGET_CACHED_S = 30 * 60

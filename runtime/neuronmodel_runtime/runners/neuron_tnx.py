@@ -54,7 +54,6 @@ How TNx is driven (as vLLM's TNx loader and runner of PR #16357 drive it, with t
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Optional, Sequence

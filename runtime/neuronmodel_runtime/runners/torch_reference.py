@@ -140,6 +140,10 @@ class TorchReferenceRunner(ModelRunner):
                 "speculation.mode 'eagle' is not supported by the torch reference runner (the NxDI and TNx runners "
                 "take it); use 'draft' or 'promptLookup', or framework nxdi"
             )
+        if cfg.compile_cache.sharded_weights:
+            log.warning("compile_cache.sharded_weights has no effect on the torch reference runner: with compile: "
+                        "true it always stores its converted weights beside the compiled graphs (one process, "
+                        "nothing to shard)")
         dtype = resolve_dtype(cfg.dtype, self.device)
         draft_config = self._draft_config(model_config.vocab_size) if cfg.speculation.mode == "draft" else None
         if cfg.compile:

@@ -4,7 +4,8 @@
 made at the end (at exit, and through its reaper if pytest is killed). It skips, with the reason, where the node
 cannot run: not root, `make k8s-bin` not run (kubelet, kube-proxy), or the Debian packages missing
 (`PYTHONPATH=scripts python -m k8s.realnode packages`). Pods meant for it select the label
-`neuronmodel.dev/real-node=true` and tolerate the taint of the same name (`realnode.TOLERATION`).
+`neuronmodel.dev/real-node=true` and tolerate the taint of the same name (`realnode.TOLERATION`). Its containerd
+may pull from the parent conftest's `oci_registry` over plain http.
 """
 
 from __future__ import annotations
@@ -16,24 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from k8s import install, realnode
-from k8s.registry import Registry
+from k8s import realnode
 
 
 @pytest.fixture(scope="session")
-def node_registry(tmp_path_factory) -> Registry:
-    """A plain-http OCI registry (`k8s.registry`) the real node's containerd may pull from."""
-    if "registry" in install.missing():
-        pytest.skip(f"REAL NODE NOT AVAILABLE: no OCI registry in {install.bin_dir()}: run `make k8s-bin`")
-    with Registry(tmp_path_factory.mktemp("node-registry")) as registry:
-        yield registry
-
-
-@pytest.fixture(scope="session")
-def real_node(control_plane, node_registry, tmp_path_factory) -> realnode.RealNode:
+def real_node(control_plane, oci_registry, tmp_path_factory) -> realnode.RealNode:
     # run state outside pytest's basetemp: pytest (of any concurrent session) prunes old basetemps, even live ones
     node = realnode.RealNode(control_plane, Path(tempfile.mkdtemp(prefix="neuronmodel-node-")) / "node",
-                             registries=(node_registry.address,))
+                             registries=(oci_registry.address,))
     problems = [p for p in node.preflight() if "exists" not in p]
     if problems:
         pytest.skip("REAL NODE NOT AVAILABLE: " + "; ".join(problems))

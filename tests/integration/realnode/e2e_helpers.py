@@ -1,4 +1,4 @@
-"""Helpers of the real end-to-end test (`test_end_to_end.py`): manifests, waits, HTTP, and the startup timings.
+"""Helpers of the real end-to-end test (`test_end_to_end.py`): manifests, HTTP, and the startup timings.
 
 Timings come from the objects' own timestamps (the pod's creation, PodScheduled, the image's Pulling/Pulled
 Events, the container's startedAt, Ready) plus the runtime's `/v1/info` `startup.load_s`, against the wall-clock
@@ -9,11 +9,10 @@ serves ClusterIPs on the host too). They are printed, never asserted.
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from datetime import datetime
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from k8s import realnode
 
@@ -108,18 +107,6 @@ def http(url: str, body: Optional[dict] = None, timeout: float = 30) -> tuple[in
         return status, json.loads(raw)
     except ValueError:
         return status, raw
-
-
-def wait(what: str, fn: Callable[[], Any], timeout: float, diagnose: Callable[[], str] = lambda: "",
-         period: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = fn()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not after {timeout:.0f} s\n{diagnose()}")
-        time.sleep(period)
 
 
 def condition(obj: dict, kind: str) -> Optional[dict]:

@@ -8,7 +8,8 @@
    their pods pass their probes and the restricted Pod Security Standard (the namespace enforces it);
 4. a client pod calls the Service by ClusterIP, `kubectl logs` shows the request line, `kubectl scale nm` adds
    a Ready replica, a killed runtime container restarts, deleting the NeuronModel removes its children;
-5. a compile Job runs against a compile cache on a PVC; a wrong model path is reported in status and an Event.
+5. a compile Job compiles the tiny model's graphs (torch.compile) into a compile cache on a PVC, and both replicas
+   start from it without compiling; a wrong model path is reported in status and an Event.
 
 Timings (apply -> scheduled -> container started -> model loaded -> ready -> first answer) are printed as lines
 starting with `TIMINGS` (run with -s, or see `make e2e`); nothing asserts on them.
@@ -30,7 +31,8 @@ import yaml
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 from chart_helpers import CHART, Helm, find_one, forbidden_lines  # noqa: E402
 from e2e_helpers import (CHAT, ON_REAL_NODE, RESTRICTED, Kubectl, client_pod, condition, host_path_volume,  # noqa: E402
-                         http, is_true, neuron_model, pod_timings, print_timings, ts, wait)
+                         http, is_true, neuron_model, pod_timings, print_timings, ts)
+from polling import wait  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +54,7 @@ def kubectl(control_plane) -> Kubectl:
 
 
 @pytest.fixture(scope="module")
-def images(real_node, node_registry) -> dict[str, str]:
+def images(real_node, oci_registry) -> dict[str, str]:
     """Both images built (or reused: their inputs digest) and pushed once to the node's registry."""
     from images import build
 
@@ -64,33 +66,20 @@ def images(real_node, node_registry) -> dict[str, str]:
         except Exception as err:  # noqa: BLE001  buildah, mmdebstrap or the wheelhouse missing here
             pytest.skip(f"IMAGES NOT BUILDABLE HERE ({target}): {type(err).__name__}: {err}")
         t1 = time.monotonic()
-        refs[target] = build.push(target, node_registry.address)
+        refs[target] = build.push(target, oci_registry.address)
         print(f"\nimage {target}: {'reused' if built['cached'] else 'built'} in {t1 - t0:.0f} s, pushed as "
               f"{refs[target]} in {time.monotonic() - t1:.0f} s", flush=True)
-    yield refs
-    _drop_pushed_blobs(node_registry, refs.values())
-
-
-def _drop_pushed_blobs(registry, refs) -> None:
-    """The registry outlives this module (and pytest keeps old basetemps): free the ~3 GB this module pushed."""
-    storage = registry.data_dir / "storage" / "docker" / "registry" / "v2"
-    for ref in refs:
-        repository = ref.split("/", 1)[1].rsplit(":", 1)[0]
-        shutil.rmtree(storage / "repositories" / repository, ignore_errors=True)
-    kept = {p.name for p in (storage / "repositories").rglob("*") if p.is_dir() and len(p.name) == 64}
-    for blob in (storage / "blobs" / "sha256").glob("*/*") if (storage / "blobs").exists() else []:
-        if blob.name not in kept:  # blobs no remaining repository links (busybox of test_real_node keeps its own)
-            shutil.rmtree(blob, ignore_errors=True)
+    return refs
 
 
 @pytest.fixture(scope="module")
-def operator(images, node_registry, control_plane, kubectl, tmp_path_factory) -> dict:
+def operator(images, oci_registry, control_plane, kubectl, tmp_path_factory) -> dict:
     """The chart from oci:// with the pushed images, the operator pod on the real node; uninstalled at the end."""
     helm = Helm(control_plane, tmp_path_factory.mktemp("e2e-helm"))
     dest = tmp_path_factory.mktemp("e2e-chart")
     helm("package", str(ROOT / "charts" / "neuronmodel-operator"), "--destination", str(dest))
     package = dest / f"{CHART.name}-{_chart()['version']}.tgz"
-    helm("push", str(package), f"oci://{node_registry.address}/charts", "--plain-http")
+    helm("push", str(package), f"oci://{oci_registry.address}/charts", "--plain-http")
     repository, tag = images["operator"].rsplit(":", 1)
     values = {"image": {"repository": repository, "tag": tag},
               "runtimeImage": {"image": images["runtime-cpu"]},
@@ -98,7 +87,7 @@ def operator(images, node_registry, control_plane, kubectl, tmp_path_factory) ->
     kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NS, "labels": RESTRICTED}},
                   {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS, "labels": RESTRICTED}})
     t0 = time.monotonic()
-    helm("install", RELEASE, f"oci://{node_registry.address}/charts/{CHART.name}", "--version",
+    helm("install", RELEASE, f"oci://{oci_registry.address}/charts/{CHART.name}", "--version",
          _chart()["version"], "--plain-http", "-n", OPERATOR_NS, *helm.values_file(values))
     selector = "app.kubernetes.io/name=neuronmodel-operator"
 
@@ -176,6 +165,15 @@ def _apply_and_serve(kubectl: Kubectl, model: dict, wait_for_job: bool = False) 
     print_timings(f"{name} first replica (apply -> first answer)", timings)
     return {"name": name, "url": url, "nm": nm, "pod": pod, "info": info, "first_body": body, "applied": applied,
             "timings": timings}
+
+
+def _metric(pod: dict, name: str) -> float:
+    """The value of an unlabelled sample of the pod's /metrics."""
+    status, text = http(f"http://{pod['status']['podIP']}:8000/metrics")
+    assert status == 200, text
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.split(" ")[0] == name]
+    assert len(values) == 1, f"{name}: {values}"
+    return values[0]
 
 
 # --- diagnostics --------------------------------------------------------------------------------------------------
@@ -318,12 +316,12 @@ def test_a_compile_job_fills_the_cache_and_the_serving_pods_start_from_it(operat
     summary = json.loads(logs.strip().splitlines()[-1])
     print(f"\ncompile Job {job['metadata']['name']}: {job_s:.0f} s; summary {summary}")
     assert served["nm"]["status"]["conditions"] and condition(served["nm"], "ArtifactsReady")["status"] == "True"
-    artifacts = served["info"].get("runner", {}).get("artifacts")
-    # the torch runner compiles only with RuntimeConfig compile: true, which no NeuronModel field sets
-    if summary.get("compiled") is False:
-        assert artifacts is None, artifacts
-    else:
-        assert artifacts["source"] in ("store", "local"), artifacts
+    # a compile cache turns on the torch runner's compiled graphs: the Job compiled them (g++ in the image) and stored
+    assert (summary["compiled"], summary["source"]) == (True, "compiled"), summary
+    # the serving pods start from the store: fetched, not compiled
+    first = served["info"]["runner"]["artifacts"]
+    assert (first["source"], first["key"]) == ("store", summary["key"]), first
+    assert _metric(served["pod"], "neuronmodel:artifacts_cache_hit") == 1.0
     kubectl("scale", "nm", "tiny-cached", "-n", NS, "--replicas=2")
     scaled = time.time()
     wait("tiny-cached: 2 ready replicas", lambda: (kubectl.get("nm", "tiny-cached", NS)["status"]
@@ -333,6 +331,9 @@ def test_a_compile_job_fills_the_cache_and_the_serving_pods_start_from_it(operat
                  if p["metadata"]["name"] != served["pod"]["metadata"]["name"]]
     status, info = http(f"http://{second['status']['podIP']}:8000/v1/info")
     assert status == 200
+    assert info["runner"]["artifacts"]["source"] == "store", info["runner"]["artifacts"]
+    assert _metric(second, "neuronmodel:artifacts_cache_hit") == 1.0
+    assert _metric(second, "neuronmodel:artifacts_compile_seconds") == 0.0
     logs2 = kubectl("logs", "-n", NS, second["metadata"]["name"], "-c", "runtime").stdout
     assert "compiled " not in logs2, "the second replica compiled"
     print_timings("tiny-cached second replica (scale -> ready, warm cache)",

@@ -155,14 +155,14 @@ def test_a_pod_that_adds_a_route_out_still_reaches_nothing(real_node, web, admin
     assert probe.returncode != 0 and "unreachable" in probe.stderr.lower(), probe.stderr
 
 
-def test_pulls_from_a_plain_http_registry(real_node, node_registry, web, admin_client, wait_until):
+def test_pulls_from_a_plain_http_registry(real_node, oci_registry, web, admin_client, wait_until):
     """hosts.toml under containerd's config_path: a pod's image comes from the local registry over plain HTTP."""
     core, ns = kube.CoreV1Api(admin_client), web["ns"]
-    ref = f"{node_registry.address}/neuronmodel/busybox:pulled"
+    ref = f"{oci_registry.address}/neuronmodel/busybox:pulled"
     real_node.ctr("images", "tag", real_node.images["busybox"], ref)
     real_node.ctr("images", "push", "--plain-http", ref)
     real_node.ctr("images", "rm", ref)
-    assert node_registry.tags("neuronmodel/busybox") == ["pulled"]
+    assert oci_registry.tags("neuronmodel/busybox") == ["pulled"]
     core.create_namespaced_pod(ns, {"metadata": {"name": "pulled"}, "spec": on_real_node({
         "securityContext": POD_SECURITY, "automountServiceAccountToken": False,
         "containers": [hardened(ref, ["sleep", "3600"], imagePullPolicy="Always")]})})
@@ -172,7 +172,7 @@ def test_pulls_from_a_plain_http_registry(real_node, node_registry, web, admin_c
         return status.phase == "Running" and status.container_statuses[0].image_id
 
     image_id = wait_until("pulled pod Running", running, 120)
-    assert image_id.startswith(f"{node_registry.address}/neuronmodel/busybox@sha256:")
+    assert image_id.startswith(f"{oci_registry.address}/neuronmodel/busybox@sha256:")
 
 
 def test_kubectl_logs_and_exec(web, control_plane):
