@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,9 +42,9 @@ class Registry:
             raise RuntimeError(f"the OCI registry is not installed ({binary}): run `make k8s-bin`")
         if self._process is not None:
             raise RuntimeError(f"the registry of {self.data_dir} is running: stop it first")
-        self.address = f"127.0.0.1:{_free_port()}"
-        config = self.data_dir / "config.json"  # JSON is YAML
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.address = f"127.0.0.1:{self._port()}"
+        config = self.data_dir / "config.json"  # JSON is YAML
         config.write_text(json.dumps({
             "version": 0.1,
             "log": {"level": "warn", "accesslog": {"disabled": True}},
@@ -68,6 +69,25 @@ class Registry:
                 raise TimeoutError(f"the registry did not answer {self.url}/v2/ in {START_TIMEOUT_S} s; log {self.log}")
             time.sleep(0.1)
         return time.monotonic() - t0
+
+    def _port(self) -> int:
+        """The port this storage was last served on, when it is free, else a free one (remembered in `port`).
+
+        Pushers know a registry by its address: buildah's blob-info cache remembers which layers `127.0.0.1:PORT`
+        holds, so a push to the same address of an image whose big layers are there already skips them without
+        compressing them again (runtime-cpu's torch layer: about 80 s of gzip)."""
+        remembered = self.data_dir / "port"
+        if remembered.exists() and remembered.read_text().strip().isdigit():
+            port = int(remembered.read_text())
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                    return port
+                except OSError:
+                    pass
+        port = _free_port()
+        remembered.write_text(f"{port}\n")
+        return port
 
     @property
     def url(self) -> str:

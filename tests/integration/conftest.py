@@ -29,7 +29,7 @@ import pytest
 kubernetes = pytest.importorskip("kubernetes", reason="the `operator` extra is not installed")
 from kubernetes import client as kube  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "scripts"), str(Path(__file__).resolve().parent)]
 from k8s import cluster, install  # noqa: E402
 from k8s.operator_process import OperatorProcess  # noqa: E402
 from k8s.registry import Registry  # noqa: E402
