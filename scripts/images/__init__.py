@@ -10,7 +10,8 @@
   trusted) into `$NEURONMODEL_CACHE/images/wheelhouse-<target>-<digest>`, keyed by what decides its contents;
 * `images.debhouse`: the Debian packages a target's build installs with apt (runtime-cpu: g++), downloaded on the
   host against the base's own dpkg status into a local apt repository, `$NEURONMODEL_CACHE/images/debhouse-*`;
-* `images.build`: `buildah bud` of the Dockerfile's `operator` and `runtime-cpu` targets with the wheelhouse
-  and debhouse bind-mounted read-only (never a layer) and pip and apt pointed only at them; skipped when the image tagged for the target
-  already carries the digest of its inputs; push to an OCI registry (plain http) or export an OCI archive.
+* `images.build`: `buildah bud` of the Dockerfile's `operator` and `runtime-cpu` targets with the wheelhouse and
+  the debhouse bind-mounted read-only (never a layer) and pip and apt pointed only at them; skipped when the image
+  tagged for the target already carries the digest of its inputs; push to an OCI registry (plain http) or export
+  an OCI archive.
 """

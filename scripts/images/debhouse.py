@@ -96,10 +96,12 @@ def ensure(target: str, base_id: str) -> dict | None:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     print(f"images: debhouse {target} ({' '.join(PACKAGES[target])}) -> {folder} ...", flush=True)
-    download(PACKAGES[target], base_status(tools.tmp_dir() / f"dpkg-status-{target}"), partial)
-    debs = sorted(p.name for p in partial.glob("*.deb"))
-    if not debs:
-        raise RuntimeError(f"debhouse {target}: apt-get downloaded nothing for {PACKAGES[target]}")
+    status = base_status(tools.tmp_dir() / f"dpkg-status-{target}")
+    try:
+        download(PACKAGES[target], status, partial)
+    finally:
+        status.unlink(missing_ok=True)
+    debs = sorted(p.name for p in partial.glob("*.deb"))  # none: the base has them all (apt then installs nothing)
     index = tools.run(["dpkg-scanpackages", "--multiversion", "."], cwd=partial).stdout
     (partial / "Packages").write_text(index)
     (partial / "sources.list").write_text(SOURCES_LIST)
