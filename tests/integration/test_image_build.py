@@ -300,7 +300,8 @@ def test_the_runtime_image_compiles_the_tiny_model_and_a_second_run_is_a_cache_h
     compile_twice = "neuronmodel-runtime compile --config /etc/neuronmodel/config.json && " \
                     "rm -rf /tmp/local/compiled && " \
                     "neuronmodel-runtime compile --config /etc/neuronmodel/config.json"
-    with container("runtime-cpu", args=["sh", "-c", compile_twice], env={"HOME": "/tmp", "NEURONMODEL_CACHE": "/tmp/local"},
+    env = {"HOME": "/tmp", "NEURONMODEL_CACHE": "/tmp/local"}  # /tmp: the container's writable tmpfs
+    with container("runtime-cpu", args=["sh", "-c", compile_twice], env=env,
                    binds={"/models/tiny": TINY, "/etc/neuronmodel": etc}) as c:
         out = c.run(timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
