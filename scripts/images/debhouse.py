@@ -12,7 +12,7 @@ The host's apt lists must be of the base's suite (both are this machine's Debian
 `dpkg-scanpackages` (dpkg-dev) writes the `Packages` index.
 
 Cached in `$NEURONMODEL_CACHE/images/debhouse-<target>-<key>`, key = sha256 of the packages and the base image's
-id; a new key downloads into a `.partial` folder renamed when complete, then older folders of the target go.
+id (tools.filled_folder: a `.partial` folder renamed when complete, then older folders of the target go).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import hashlib
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from images import base, tools
@@ -29,7 +28,6 @@ from images import base, tools
 MOUNT = "/tmp/debhouse"
 #: target -> the packages its Dockerfile stage installs, pinned as that RUN line pins them (tests check they agree).
 PACKAGES = {"runtime-cpu": ["g++=4:12.2.0-3"]}
-MANIFEST = "manifest.json"
 APT_CONF = f"""// Written by scripts/images/debhouse.py: apt's only source is this folder (offline image builds).
 Dir::Etc::SourceList "{MOUNT}/sources.list";
 Dir::Etc::SourceParts "{MOUNT}/sources.list.d";
@@ -44,12 +42,6 @@ def key(target: str, base_id: str) -> str:
 
 def path(target: str, base_id: str) -> Path:
     return tools.cache_dir() / f"debhouse-{target}-{key(target, base_id)[:16]}"
-
-
-def digest(folder: Path) -> str:
-    """sha256 of the packages' names and sizes (a Debian file name carries its version)."""
-    names = sorted((p.name, p.stat().st_size) for p in folder.glob("*.deb"))
-    return hashlib.sha256(json.dumps(names).encode()).hexdigest()
 
 
 def base_status(dest: Path) -> Path:
@@ -86,36 +78,26 @@ def ensure(target: str, base_id: str) -> dict | None:
     if target not in PACKAGES:
         return None
     folder = path(target, base_id)
-    t0 = time.monotonic()
-    manifest = folder / MANIFEST
-    if manifest.exists():
-        done = json.loads(manifest.read_text())
-        return {"path": str(folder), "digest": done["digest"], "cached": True, "seconds": time.monotonic() - t0,
-                "bytes": done["bytes"], "packages": done["debs"]}
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    print(f"images: debhouse {target} ({' '.join(PACKAGES[target])}) -> {folder} ...", flush=True)
-    status = base_status(tools.tmp_dir() / f"dpkg-status-{target}")
-    try:
-        download(PACKAGES[target], status, partial)
-    finally:
-        status.unlink(missing_ok=True)
-    debs = sorted(p.name for p in partial.glob("*.deb"))  # none: the base has them all (apt then installs nothing)
-    index = tools.run(["dpkg-scanpackages", "--multiversion", "."], cwd=partial).stdout
-    (partial / "Packages").write_text(index)
-    (partial / "sources.list").write_text(SOURCES_LIST)
-    (partial / "sources.list.d").mkdir()
-    (partial / "apt.conf").write_text(APT_CONF)
-    size = tools.du(partial)
-    (partial / MANIFEST).write_text(json.dumps({"target": target, "packages": PACKAGES[target], "base": base_id,
-                                                "digest": digest(partial), "bytes": size, "debs": debs}, indent=1))
-    partial.rename(folder)
-    for old in tools.cache_dir().glob(f"debhouse-{target}-*"):
-        if old != folder:
-            shutil.rmtree(old, ignore_errors=True)
-    return {"path": str(folder), "digest": digest(folder), "cached": False, "seconds": time.monotonic() - t0,
-            "bytes": size, "packages": debs}
+
+    def fill(partial: Path) -> dict:
+        print(f"images: debhouse {target} ({' '.join(PACKAGES[target])}) -> {folder} ...", flush=True)
+        status = base_status(tools.tmp_dir() / f"dpkg-status-{target}")
+        try:
+            download(PACKAGES[target], status, partial)
+        finally:
+            status.unlink(missing_ok=True)
+        debs = sorted(p.name for p in partial.glob("*.deb"))  # none: the base has them all (apt installs nothing)
+        index = tools.run(["dpkg-scanpackages", "--multiversion", "."], cwd=partial).stdout
+        (partial / "Packages").write_text(index)
+        (partial / "sources.list").write_text(SOURCES_LIST)
+        (partial / "sources.list.d").mkdir()
+        (partial / "apt.conf").write_text(APT_CONF)
+        return {"target": target, "packages": PACKAGES[target], "base": base_id,
+                "digest": tools.files_digest(partial, "*.deb"), "bytes": tools.du(partial), "debs": debs}
+
+    done = tools.filled_folder(folder, fill, f"debhouse-{target}-*")
+    return {"path": done["path"], "digest": done["digest"], "cached": done["cached"], "seconds": done["seconds"],
+            "bytes": done["bytes"], "packages": done["debs"]}
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@ are ours) and `runc` (the OCI runtime buildah runs RUN steps under, see RUNC_WRA
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 #: Debian package -> a command it installs (present: nothing to do).
 PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc", "dpkg-dev": "dpkg-scanpackages"}
@@ -136,6 +138,41 @@ def buildah(*args: str, check: bool = True, capture: bool = True, input: str | N
 def signature_policy() -> list[str]:
     """For the subcommands that take it (from, bud, push, pull, commit)."""
     return ["--signature-policy", str(cache_dir() / "policy.json")]
+
+
+MANIFEST = "manifest.json"
+
+
+def files_digest(folder: Path, pattern: str) -> str:
+    """sha256 of the names and sizes of `folder`'s files matching `pattern` (a downloaded package never changes
+    under its name: wheels and Debian packages both carry their version in it)."""
+    names = sorted((p.name, p.stat().st_size) for p in Path(folder).glob(pattern))
+    return hashlib.sha256(json.dumps(names).encode()).hexdigest()
+
+
+def filled_folder(folder: Path, fill: Callable[[Path], dict], siblings: str) -> dict:
+    """`folder`'s manifest (MANIFEST inside), made first unless it is there, plus `path`, `cached` and `seconds`.
+
+    A miss: `fill(partial)` fills a fresh `<folder>.partial` and returns the manifest (with `digest` and `bytes`),
+    which is written last; the folder is renamed into place, then the other folders of the cache matching the
+    glob `siblings` (older keys of the same target) are removed. A crash leaves only a `.partial`, never a hit.
+    """
+    folder = Path(folder)
+    t0 = time.monotonic()
+    manifest = folder / MANIFEST
+    cached = manifest.exists()
+    if not cached:
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        manifest_of = fill(partial)
+        (partial / MANIFEST).write_text(json.dumps(manifest_of, indent=1))
+        partial.rename(folder)
+        for old in folder.parent.glob(siblings):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+    done = json.loads(manifest.read_text())
+    return done | {"path": str(folder), "cached": cached, "seconds": time.monotonic() - t0}
 
 
 def du(path: Path) -> int:

@@ -20,9 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import sys
-import time
 from pathlib import Path
 
 from images import tools
@@ -37,7 +35,6 @@ PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(GLIBC_MINOR, 4, -1
     "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
 CONSTRAINTS = ROOT / "docker" / "operator-constraints.txt"
 TARGETS = ("operator", "runtime-cpu")
-MANIFEST = "manifest.json"
 
 
 def _pyproject() -> dict:
@@ -79,12 +76,6 @@ def path(target: str) -> Path:
     return tools.cache_dir() / f"wheelhouse-{target}-{key(target)[:16]}"
 
 
-def digest(folder: Path) -> str:
-    """sha256 of the wheels' names and sizes (a PyPI file never changes under its name)."""
-    names = sorted((p.name, p.stat().st_size) for p in folder.glob("*.whl"))
-    return hashlib.sha256(json.dumps(names).encode()).hexdigest()
-
-
 def download_command(target: str, dest: Path) -> list[str]:
     spec = requirements(target)
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-cache-dir",
@@ -100,30 +91,19 @@ def download_command(target: str, dest: Path) -> list[str]:
 def ensure(target: str) -> dict:
     """The wheelhouse of `target`, downloaded unless cached: {"path", "digest", "cached", "seconds", "bytes"}."""
     folder = path(target)
-    t0 = time.monotonic()
-    manifest = folder / MANIFEST
-    if manifest.exists():
-        done = json.loads(manifest.read_text())
-        return {"path": str(folder), "digest": done["digest"], "cached": True, "seconds": time.monotonic() - t0,
-                "bytes": done["bytes"]}
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    print(f"images: wheelhouse {target} -> {folder} ...", flush=True)
-    tools.run(download_command(target, partial))
-    wheels = sorted(p.name for p in partial.glob("*.whl"))
-    others = [p.name for p in partial.iterdir() if not p.name.endswith(".whl")]
-    if others:
-        raise RuntimeError(f"wheelhouse {target}: not wheels: {others}")
-    size = tools.du(partial)
-    (partial / MANIFEST).write_text(json.dumps({"target": target, "key": key(target), "digest": digest(partial),
-                                                "bytes": size, "wheels": wheels} | requirements(target), indent=1))
-    partial.rename(folder)
-    for old in tools.cache_dir().glob(f"wheelhouse-{target}-*"):
-        if old != folder:
-            shutil.rmtree(old, ignore_errors=True)
-    return {"path": str(folder), "digest": digest(folder), "cached": False, "seconds": time.monotonic() - t0,
-            "bytes": size}
+
+    def fill(partial: Path) -> dict:
+        print(f"images: wheelhouse {target} -> {folder} ...", flush=True)
+        tools.run(download_command(target, partial))
+        wheels = sorted(p.name for p in partial.glob("*.whl"))
+        others = [p.name for p in partial.iterdir() if not p.name.endswith(".whl")]
+        if others:
+            raise RuntimeError(f"wheelhouse {target}: not wheels: {others}")
+        return {"target": target, "key": key(target), "digest": tools.files_digest(partial, "*.whl"),
+                "bytes": tools.du(partial), "wheels": wheels} | requirements(target)
+
+    done = tools.filled_folder(folder, fill, f"wheelhouse-{target}-*")
+    return {name: done[name] for name in ("path", "digest", "cached", "seconds", "bytes")}
 
 
 if __name__ == "__main__":
