@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 from chart_helpers import CHART, Helm, find_one, forbidden_lines  # noqa: E402
@@ -172,7 +173,8 @@ def _metric(pod: dict, name: str) -> float:
     """The value of the pod's one sample of `name` in its /metrics (labels aside)."""
     status, text = http(f"http://{pod['status']['podIP']}:8000/metrics")
     assert status == 200, text
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] == name]
+    values = [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+              if sample.name == name]
     assert len(values) == 1, f"{name}: {values}"
     return values[0]
 
