@@ -23,8 +23,15 @@ PLURAL = "neuronmodels"
 SINGULAR = "neuronmodel"
 SHORT_NAMES = ("nm",)
 CRD_NAME = f"{PLURAL}.{GROUP}"
+#: Revision of the CRD's schema, written into it as the annotation crdgen.ANNOTATION_REVISION. Bump it with every
+#: schema change (tests/operator_tests/test_crd.py fails until you do): the operator refuses to start on a cluster
+#: whose CRD is older (crd_check.py), since Helm never upgrades the CRDs of a chart's crds/.
+CRD_REVISION = 2
 
 FIELD_MANAGER = "neuronmodel-operator"
+#: The field manager that takes spec.replicas over from FIELD_MANAGER when a model switches to spec.autoscaling (the
+#: server-side apply ownership-transfer recipe): the operator's next apply omits the field without resetting it.
+HANDOVER_FIELD_MANAGER = "neuronmodel-operator-handover"
 OPERATOR_NAME = "neuronmodel-operator"
 
 # Labels on every child (pod templates too). Only these: never the owner's labels (Helm/Argo tracking fights).
@@ -38,8 +45,8 @@ APP_NAME = "neuronmodel"
 # Annotations written by the operator (kopf's progress storage uses the same prefix).
 ANNOTATION_PREFIX = GROUP
 ANNOTATION_COMPILE_KEY = f"{GROUP}/compile-key"  # on the compile Job and the pod template
-ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"  # on the pod template: a new RuntimeConfig rolls the pods
-ANNOTATION_SERVED_SPEC = f"{GROUP}/served-spec"  # on the Deployment: the spec its pods run (compile gating)
+ANNOTATION_SERVED = f"{GROUP}/served"  # on the workload: the spec its pods run and its resolution (compile gating)
+ANNOTATION_SERVED_SPEC = f"{GROUP}/served-spec"  # the same, spec only, as operator 0.1.0 wrote it (read only)
 
 # Environment of the operator process (the chart sets them).
 ENV_RUNTIME_IMAGE = "NEURONMODEL_RUNTIME_IMAGE"  # default spec.image
@@ -248,11 +255,13 @@ def _tp_rules() -> list[tuple[str, str]]:
 
 
 class NeuronModelSpec(_Spec):
-    """What a user asks for. Everything has a default except model.source and the replica count."""
+    """What a user asks for. Everything has a default except model.source (no replicas and no autoscaling: one
+    replica, as a Deployment)."""
 
     model_config = ConfigDict(json_schema_extra=_rules(
-        ("has(self.replicas) != has(self.autoscaling)",
-         "set exactly one of spec.replicas (a fixed count) or spec.autoscaling (an HPA on the queue depth)"),
+        ("!(has(self.replicas) && has(self.autoscaling))",
+         "set at most one of spec.replicas (a fixed count) or spec.autoscaling (an HPA on the queue depth); with "
+         "neither, the model runs one replica"),
         (f"!has(self.instanceType) || !({_NEURON_PREFIX_CEL}) || self.instanceType in [{_KNOWN_TYPES}]",
          f"instanceType is not a Neuron instance type this operator knows: use one of {_KNOWN_TYPES.replace(chr(39), '')}"),
         (f"!has(self.instanceType) || self.framework == 'torch' || self.framework == 'auto' || ({_NEURON_PREFIX_CEL})",
@@ -283,6 +292,10 @@ class NeuronModelSpec(_Spec):
     instance_type: Optional[str] = Field(
         None, description="EC2 instance type the pods run on (node.kubernetes.io/instance-type), e.g. inf2.xlarge; "
         "unset: the smallest Neuron instance that holds the TP degree.", max_length=63)
+    device_allocation: Literal["devicePlugin", "dra"] = Field(
+        "devicePlugin", description="devicePlugin: request NeuronCores or devices from the Neuron device plugin "
+        "(extended resources); dra: a ResourceClaim per pod on the Neuron DRA driver's DeviceClass neuron.aws.com "
+        "(Kubernetes >= 1.34, nodes without the device plugin).")
     neuron_resource: devices.NeuronResource = Field(
         "neuroncore", description="neuroncore: request aws.amazon.com/neuroncore = TP/nodes; neuron: request "
         "whole aws.amazon.com/neuron devices.")
@@ -306,14 +319,15 @@ class NeuronModelSpec(_Spec):
 
 
 Phase = Literal["Pending", "Compiling", "Loading", "Ready", "Degraded", "Failed"]
-ConditionType = Literal["ArtifactsReady", "Available", "Progressing", "Ready"]
+ConditionType = Literal["ArtifactsReady", "Available", "Progressing", "Ready", "Autoscaling"]
 CONDITION_TYPES: tuple[str, ...] = ("ArtifactsReady", "Available", "Progressing", "Ready")
 
 
 class Condition(_Spec):
     """A metav1.Condition-shaped condition."""
 
-    type: ConditionType = Field(description="ArtifactsReady | Available | Progressing | Ready.")
+    type: ConditionType = Field(description="ArtifactsReady | Available | Progressing | Ready, and Autoscaling "
+                                "under spec.autoscaling (the HPA's ScalingActive / AbleToScale).")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason, e.g. Compiled, CompileFailed, Unschedulable.", max_length=1024)
     message: str = Field("", description="What happened and, for a problem, how to fix it.", max_length=32768)
@@ -332,6 +346,11 @@ class ResolvedStatus(_Spec):
     neuron_devices_per_pod: Optional[int] = Field(None, description="Neuron devices those cores span.")
     image: Optional[str] = Field(None, description="Runtime image.")
     compile_key: Optional[str] = Field(None, description="sha256 of everything that changes the compiled graphs.")
+    model_revision: Optional[str] = Field(None, description="The hf:// commit every replica serves (an unpinned "
+                                          "revision resolved once, at the first reconcile of the source).")
+    draft_revision: Optional[str] = Field(None, description="The draft model's hf:// commit, likewise.")
+    scheduler_name: Optional[str] = Field(None, description="The scheduler the pods ask for (the Neuron scheduler "
+                                          "extension's for pods that take part of a node).")
 
 
 class Timings(_Spec):

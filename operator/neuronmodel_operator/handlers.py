@@ -1,8 +1,10 @@
 """kopf glue: which events reconcile which NeuronModel, and the kopf settings, chosen deliberately.
 
 - NeuronModel create / update / resume run one reconcile and report its outcome to kopf: an API error that
-  heals by itself is a `kopf.TemporaryError` (retried with backoff), a spec the operator cannot serve is a
-  `kopf.PermanentError` (after the Failed condition and an Event are written; no retry until the spec changes).
+  heals by itself, or a child the API server refused, is a `kopf.TemporaryError` (retried with exponential backoff
+  and jitter, capped: `backoff_s`); a spec the operator cannot serve is a `kopf.PermanentError` (after the Failed
+  condition and an Event are written; no retry until the spec changes). A 401/403 that persists for
+  ACCESS_DENIED_REPORT_AFTER attempts is put in status.warnings and a Warning Event: RBAC drift is visible.
 - Any event of a child (Deployment, LeaderWorkerSet, Job, Service, ConfigMap, PDB, HPA, serving Pod), found by
   the `managed-by` label, refreshes its owner (`reconcile.py`): a deleted or hand-edited child is restored within
   seconds, and the status follows the workload and its pods. Runs are serialised per NeuronModel and coalesced:
@@ -21,6 +23,7 @@ import copy
 import dataclasses
 import logging
 import os
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,7 +40,12 @@ log = logging.getLogger(__name__)
 
 registry = kopf.OperatorRegistry()
 
-RETRY_DELAY_S = 5.0
+#: Retries wait backoff_s(attempt): 2 s, 4 s, 8 s, ... capped at 5 min, each with jitter (so that a whole cluster's
+#: models failing at once, an API server restart say, do not all come back in the same second).
+RETRY_BASE_S = 2.0
+RETRY_CAP_S = 300.0
+#: Consecutive 401/403 answers after which the model's status says so.
+ACCESS_DENIED_REPORT_AFTER = 3
 Key = tuple[str, str]  # (namespace, name) of a NeuronModel
 #: Children whose events re-run their owner's reconcile: (group, version, plural).
 CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("", "v1", "pods"), ("apps", "v1", "deployments"),
@@ -47,6 +55,13 @@ _KINDS = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod", "depl
           "jobs": "Job", "poddisruptionbudgets": "PodDisruptionBudget",
           "horizontalpodautoscalers": "HorizontalPodAutoscaler", "leaderworkersets": "LeaderWorkerSet"}
 OURS = {api.LABEL_MANAGED_BY: api.OPERATOR_NAME, api.LABEL_NAME: kopf.PRESENT}
+
+
+def backoff_s(attempt: int) -> float:
+    """The wait before retry `attempt` (1, 2, ...): exponential, capped, drawn from its upper half ("equal
+    jitter")."""
+    delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (max(attempt, 1) - 1))
+    return random.uniform(delay / 2, delay)
 
 
 @dataclass
@@ -59,6 +74,8 @@ class Reconciler:
     kicked: set[Key] = field(default_factory=set)  # a refresh is queued for these
     changes: dict[Key, Changes] = field(default_factory=dict)  # children whose events the queued refresh sees
     models: dict[Key, dict] = field(default_factory=dict)  # the latest copy of each NeuronModel the watch showed
+    failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed runs (the backoff's attempt)
+    denied: dict[Key, int] = field(default_factory=dict)  # consecutive 401/403 answers
     metrics: OperatorMetrics = field(init=False)  # served by the CLI on --metrics-port
 
     def __post_init__(self) -> None:
@@ -76,14 +93,38 @@ class Reconciler:
                 outcome = await asyncio.get_running_loop().run_in_executor(
                     self.executor, self.reconcile, *key, cleanup, body, changed)
                 result = result_of(outcome)
-            except ApiError:
+            except ApiError as exc:
                 result = "api_error"
+                self.failures[key] = self.failures.get(key, 0) + 1
+                await self._count_denied(key, exc, body)
                 raise
             finally:
                 self.metrics.observe(result, time.monotonic() - started)
+        self.denied.pop(key, None)
+        if outcome.child_error:
+            self.failures[key] = self.failures.get(key, 0) + 1
+        else:
+            self.failures.pop(key, None)
         if outcome.gone:
             self.locks.pop(key, None)
         return outcome
+
+    def retry_delay_s(self, key: Key) -> float:
+        return backoff_s(self.failures.get(key, 1))
+
+    async def _count_denied(self, key: Key, exc: ApiError, body: Optional[dict]) -> None:
+        """A 401/403: after ACCESS_DENIED_REPORT_AFTER in a row, once, into the status and an Event."""
+        if exc.status not in (401, 403):
+            self.denied.pop(key, None)
+            return
+        self.denied[key] = count = self.denied.get(key, 0) + 1
+        owner = body or self.models.get(key)
+        if count == ACCESS_DENIED_REPORT_AFTER and owner is not None:
+            message = (f"the operator's requests are refused ({exc.status}: {exc.message}) for {count} attempts in "
+                       "a row; check its ServiceAccount's RBAC against the chart's (rbac/operator-rules.yaml). "
+                       "Retrying with backoff")
+            await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.reconcile.report_access_denied, owner, message)
 
     def kick(self, key: Key, child: tuple[str, str], body: Optional[dict]) -> None:
         """Refresh `key` soon for this child (its body, None when deleted); kicks that arrive while one is queued
@@ -109,12 +150,20 @@ class Reconciler:
                 return  # a full run took them
             # A deleted child is restored only after a fresh read shows its owner still exists.
             body = None if None in changed.values() else self.models.get(key)
-            await self.run(key, cleanup=False, body=body, changed=changed)
+            outcome = await self.run(key, cleanup=False, body=body, changed=changed)
+            if outcome.child_error:
+                self._retry_later(key, outcome.child_error)
         except ApiError as exc:
-            log.warning("reconcile of %s/%s failed (%s); retrying in %.0f s", *key, exc, RETRY_DELAY_S)
-            asyncio.get_running_loop().call_later(RETRY_DELAY_S, self.retry, key)
+            self._retry_later(key, str(exc))
         except Exception:  # never let one object's bug stop the others
             log.exception("reconcile of %s/%s failed", *key)
+            self.failures[key] = self.failures.get(key, 0) + 1
+            self._retry_later(key, "an error in the operator")
+
+    def _retry_later(self, key: Key, why: str) -> None:
+        delay = self.retry_delay_s(key)
+        log.warning("reconcile of %s/%s failed (%s); retrying in %.0f s", *key, why, delay)
+        asyncio.get_running_loop().call_later(delay, self.retry, key)
 
 
 def configure(settings: kopf.OperatorSettings, client_timeout_s: float) -> None:
@@ -157,11 +206,14 @@ def login(**kwargs: Any) -> Any:
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec", registry=registry)
 async def reconcile_model(namespace: str, name: str, body: Any, reason: str, memo: Any, **_: Any) -> None:
     # A new object has no stale children to look for; a changed or resumed one may.
+    reconciler, key = memo.reconciler, (namespace, name)
     try:
-        outcome = await memo.reconciler.run((namespace, name), cleanup=reason != "create",
-                                            body=copy.deepcopy(dict(body)))
+        outcome = await reconciler.run(key, cleanup=reason != "create", body=copy.deepcopy(dict(body)))
     except ApiError as exc:
-        raise kopf.TemporaryError(f"the API server failed ({exc}); retrying", delay=RETRY_DELAY_S) from None
+        raise kopf.TemporaryError(f"the API server failed ({exc}); retrying",
+                                  delay=reconciler.retry_delay_s(key)) from None
+    if outcome.child_error:
+        raise kopf.TemporaryError(f"{outcome.child_error}; retrying", delay=reconciler.retry_delay_s(key))
     if outcome.spec_error:
         raise kopf.PermanentError(outcome.spec_error)
 

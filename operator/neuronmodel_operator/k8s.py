@@ -33,6 +33,8 @@ KINDS = {
     "Pod": Kind("/api/v1", "pods"),
     "Event": Kind("/api/v1", "events"),
     "Deployment": Kind("/apis/apps/v1", "deployments"),
+    "ReplicaSet": Kind("/apis/apps/v1", "replicasets"),
+    "StatefulSet": Kind("/apis/apps/v1", "statefulsets"),
     "Job": Kind("/apis/batch/v1", "jobs"),
     "PodDisruptionBudget": Kind("/apis/policy/v1", "poddisruptionbudgets"),
     "HorizontalPodAutoscaler": Kind("/apis/autoscaling/v2", "horizontalpodautoscalers"),
@@ -115,15 +117,20 @@ class Kube:
             path += f"/{sub}"
         return path
 
-    def apply(self, manifest: dict) -> dict:
-        """Server-side apply `manifest` (force: our fields are ours); the object as stored, with its status."""
+    def apply(self, manifest: dict, field_manager: Optional[str] = None) -> dict:
+        """Server-side apply `manifest` (force: our fields are ours) as `field_manager` (default the operator's);
+        the object as stored, with its status."""
         meta = manifest["metadata"]
         path = self._path(manifest["kind"], meta["namespace"], meta["name"])
-        return self._call("PATCH", path, {"fieldManager": self._field_manager, "force": "true"}, manifest,
-                          content_type="application/apply-patch+yaml")
+        return self._call("PATCH", path, {"fieldManager": field_manager or self._field_manager, "force": "true"},
+                          manifest, content_type="application/apply-patch+yaml")
 
     def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
         return self._call("GET", self._path(kind, namespace, name))
+
+    def get_crd(self, name: str) -> Optional[dict]:
+        """A CustomResourceDefinition (cluster-scoped: not one of KINDS); None when it is not installed."""
+        return self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
 
     def list(self, kind: str, namespace: str, selector: str) -> list[dict]:
         found = self._call("GET", self._path(kind, namespace), {"labelSelector": selector})

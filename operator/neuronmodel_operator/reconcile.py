@@ -3,34 +3,43 @@
 Synchronous (it runs on a worker thread; `handlers.py` serialises runs per object). Idempotent: running it
 twice, or after a crash halfway, converges on the same children (names are deterministic, server-side apply).
 
-Compile gating: when the spec needs a compile Job and the Job has not succeeded yet, the serving workload keeps
-running the spec it runs now (read back from its `served-spec` annotation), with only the replica count taken
-from the new spec; a NeuronModel that has never served gets its Service only. The workload rolls once the Job
-succeeds. A spec change that keeps the compile key rolls at once, or not at all when the pod template is unchanged
-(replicas, say).
+A serving model keeps serving while its spec changes:
+- Compile gating: when the spec needs a compile Job and the Job has not succeeded yet, the serving workload keeps
+  running what it runs now, exactly as recorded on it (`served.py`: the spec and its resolution, so an operator
+  upgrade that changes a default compiles first too), with only the replica count taken from the new spec; a
+  NeuronModel that has never served gets its Service only. The workload rolls once the Job succeeds. A spec change
+  that keeps the compile key rolls at once, or not at all when the pod template is unchanged (replicas, say).
+- A change of workload kind (nodes 1 <-> more): the new workload is created beside the old one, which keeps
+  serving, and the Service and HPA stay on the old side until the new one is ready; then they follow it and the
+  old workload is deleted.
+- replicas -> autoscaling: spec.replicas is handed to another field manager at the live value before the
+  operator's apply omits it (server-side apply would otherwise reset it to 1), so the HPA takes over from N.
+- Runtime ConfigMaps are immutable and content-named; one is deleted only once no ReplicaSet, StatefulSet or pod
+  of the model refers to it.
+- Compile Jobs are named by their whole template: an edit is a new Job, never a 422 on an immutable template.
 
 Two entry points, to keep the requests per event low (bench/operator.py counts them): a full run (`changed` is
-None: the NeuronModel was created, changed or resumed, or a child of a model with a compile Job changed) applies
-every child; a refresh (`changed` holds the children whose events arrived) re-applies only a child that was
-deleted or no longer holds what we set, and recomputes the status only when the workload or a pod changed. The
-last status written per object is remembered, so a reconcile never needs the NeuronModel's freshest copy to
-know what it already reported.
+None: the NeuronModel was created, changed or resumed, or a child of a model with a compile Job or a pending kind
+change changed) applies every child; a refresh (`changed` holds the children whose events arrived) re-applies only
+a child that was deleted or no longer holds what we set, and recomputes the status only when the workload, the
+HPA or a pod changed. The last status written per object is remembered, so a reconcile never needs the
+NeuronModel's freshest copy to know what it already reported.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Optional
+from typing import Iterable, Optional
 
 from neuronmodel_operator import api, builders, status
 from neuronmodel_operator.builders.common import Target, selector_string, target_from_body, workload_name
 from neuronmodel_operator.builders.service import endpoint
 from neuronmodel_operator.k8s import ApiError, Kube
-from neuronmodel_operator.resolve import OperatorDefaults, Resolved, resolve
+from neuronmodel_operator.resolve import OperatorDefaults, Resolved
+from neuronmodel_operator.served import served_target
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +47,15 @@ log = logging.getLogger(__name__)
 #: longer needed, the compile Job of an old key).
 CHILD_KINDS = ("ConfigMap", "Job", "Deployment", "LeaderWorkerSet", "Service", "PodDisruptionBudget",
                "HorizontalPodAutoscaler")
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+#: The label LeaderWorkerSet puts on the StatefulSets (and pods) of one LeaderWorkerSet.
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 
 
 @dataclass(frozen=True)
 class Outcome:
     spec_error: Optional[str] = None  # the spec cannot be served: no retry until it changes
+    child_error: Optional[str] = None  # the API server refused a child (a 4xx): reported, retried with backoff
     gone: bool = False  # the NeuronModel no longer exists (or is being deleted)
     held: bool = False  # the rollout waits for the compile Job
 
@@ -56,21 +69,41 @@ def _succeeded(job: Optional[dict]) -> bool:
     return any(c["type"] == "Complete" and c["status"] == "True" for c in conditions)
 
 
-def _served_target(workload: Optional[dict], target: Target, defaults: OperatorDefaults) -> Optional[Target]:
-    """The target the workload serves now, when it differs in compile key from `target`; replicas from `target`."""
-    annotations = ((workload or {}).get("metadata") or {}).get("annotations") or {}
-    served = annotations.get(api.ANNOTATION_SERVED_SPEC)
-    if served is None:
-        return None
-    try:
-        spec = defaults.filled(api.parse_spec(json.loads(served)))
-        resolved = resolve(spec, defaults)
-    except (ValueError, api.SpecError):
-        return None  # an annotation we cannot read is not worth holding a rollout for
-    if resolved.compile_key == target.resolved.compile_key:
-        return None
-    spec = spec.model_copy(update={"replicas": target.spec.replicas, "autoscaling": target.spec.autoscaling})
-    return replace(target, spec=spec, resolved=replace(resolved, compile_job=target.resolved.compile_job))
+def _kind(target: Target) -> str:
+    return "LeaderWorkerSet" if target.multi_node else "Deployment"
+
+
+def _ready(workload: Optional[dict]) -> bool:
+    """The workload serves its whole desired count: its controller has seen its spec (where the kind says so: LWS
+    v0.7 publishes no observedGeneration) and readyReplicas >= spec.replicas."""
+    if workload is None:
+        return False
+    state = workload.get("status") or {}
+    if "observedGeneration" in state and state["observedGeneration"] < workload["metadata"].get("generation", 1):
+        return False
+    return state.get("readyReplicas", 0) >= (workload.get("spec") or {}).get("replicas", 1)
+
+
+def _owns_replicas(workload: dict, manager: str) -> bool:
+    """Does `manager` own spec.replicas of the live workload (server-side apply's managedFields)?"""
+    for entry in workload["metadata"].get("managedFields") or []:
+        if entry.get("manager") == manager and entry.get("operation") == "Apply" and \
+                "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+            return True
+    return False
+
+
+def _config_maps(pod_spec: Optional[dict]) -> set[str]:
+    return {v["configMap"]["name"] for v in (pod_spec or {}).get("volumes") or [] if v.get("configMap")}
+
+
+def _templates(workload: dict) -> Iterable[Optional[dict]]:
+    """The pod specs a workload's (or a ReplicaSet's, a StatefulSet's) templates hold."""
+    spec = workload.get("spec") or {}
+    if "leaderWorkerTemplate" in spec:
+        lwt = spec["leaderWorkerTemplate"]
+        return [(lwt.get(key) or {}).get("spec") for key in ("leaderTemplate", "workerTemplate")]
+    return [(spec.get("template") or {}).get("spec")]
 
 
 def contains(live: object, wanted: object) -> bool:
@@ -108,6 +141,7 @@ class Reconcile:
         # reconcile costs one round trip instead of three to five.
         self._appliers = ThreadPoolExecutor(max_workers=parallel_applies, thread_name_prefix="apply")
         self._reported: dict[str, dict] = {}  # uid -> the last status written (only this operator writes it)
+        self._switching: set[str] = set()  # uids whose old-kind workload serves until the new one is ready
 
     def __call__(self, namespace: str, name: str, cleanup: bool, body: Optional[dict] = None,
                  changed: Optional[Changes] = None) -> Outcome:
@@ -116,7 +150,7 @@ class Reconcile:
             body = self.kube.get(api.KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             if body is not None:
-                self._reported.pop(body["metadata"]["uid"], None)
+                self.forget(body["metadata"]["uid"])
             return Outcome(gone=True)  # children go with it through their ownerReferences
         try:
             target = target_from_body(body, self.defaults)
@@ -124,51 +158,116 @@ class Reconcile:
             self._write_status(body, None, None, str(exc), None, None, [], held=False)
             return Outcome(spec_error=str(exc))
         resolved = target.resolved
+        switching = target.uid in self._switching
         try:
-            if changed is not None and not resolved.compile_job:
+            if changed is not None and not resolved.compile_job and not switching:
                 return self._refresh(body, target, changed)
-            return self._apply(body, target, cleanup)
+            return self._apply(body, target, cleanup or switching)
         except ApiError as exc:
             if exc.retryable:
                 raise
+            # Our own object shape (or an admission policy) was refused: say which child and why, and try again
+            # with backoff; a spec change retries at once. Never a permanent failure.
             message = f"the API server refused a child of this NeuronModel: {exc.message}"
             self._write_status(body, resolved, target, message, None, None, [], held=False)
-            return Outcome(spec_error=message)
+            return Outcome(child_error=message)
 
     def _apply(self, body: dict, target: Target, cleanup: bool) -> Outcome:
         job = None
-        for manifest in builders.compile_children(target):
+        compile_children = builders.compile_children(target)
+        for manifest in compile_children:
             applied = self.kube.apply(manifest)
             if manifest["kind"] == "Job":
                 job = applied
-        workload_kind = "LeaderWorkerSet" if target.multi_node else "Deployment"
+        # The live workloads of both kinds: what serves now (a model that changed kind still has the other one).
+        live = self._workloads(target) if cleanup or target.resolved.compile_job else {}
         serving: Optional[Target] = target
         held = False
         if target.resolved.compile_job and not _succeeded(job):
-            existing = self.kube.get(workload_kind, target.namespace, workload_name(target))
-            previous = _served_target(existing, target, self.defaults)
-            if previous is not None:
+            running = live.get(_kind(target)) or next(iter(live.values()), None)
+            previous = served_target(running, target, self.defaults)
+            if previous is not None and previous.resolved.compile_key != target.resolved.compile_key:
                 serving, held = previous, True
-            elif existing is None:
+            elif running is None:
                 serving = None  # never served: nothing to run until the artifacts exist
-        desired = builders.serving_children(serving) if serving else \
-            [m for m in builders.serving_children(target) if m["kind"] == "Service"]
-        workload = None
-        for manifest, applied in zip(desired, self._appliers.map(self.kube.apply, desired)):
-            if manifest["kind"] == workload_kind:
-                workload = applied
+        leaving = None  # the other kind's workload serves until the new one is ready
+        if serving is not None:
+            old = next((w for kind, w in live.items() if kind != _kind(serving)), None)
+            leaving = served_target(old, target, self.defaults) if old is not None else None
+        desired = self._desired(serving or target, leaving, service_only=serving is None)
+        self._hand_over_replicas(desired, live)
+        applied = dict(zip(((m["kind"], m["metadata"]["name"]) for m in desired),
+                           self._appliers.map(self.kube.apply, desired)))
+        workload = applied.get((_kind(serving), workload_name(serving))) if serving else None
+        if leaving is not None and _ready(workload):
+            log.info("%s/%s: the %s serves; removing the %s", target.namespace, target.name, _kind(serving),
+                     _kind(leaving))
+            for manifest in builders.serving_children(serving):
+                if manifest["kind"] in ("Service", "HorizontalPodAutoscaler"):
+                    self.kube.apply(manifest)
+            self.kube.delete(_kind(leaving), target.namespace, workload_name(leaving))
+            leaving = None
+        if leaving is not None:
+            self._switching.add(target.uid)
+        else:
+            self._switching.discard(target.uid)
         if cleanup or (target.resolved.compile_job and not held):
-            keep = {(m["kind"], m["metadata"]["name"]) for m in desired + builders.compile_children(target)}
-            self._delete_stale(target, keep, full=cleanup)
+            keep = {(m["kind"], m["metadata"]["name"]) for m in desired + compile_children}
+            if leaving is not None:
+                keep |= {(_kind(leaving), workload_name(leaving)),
+                         ("ConfigMap", builders.runtime_configmap_name(leaving))}
+            self._delete_stale(target, keep, full=cleanup, job=job)
         if not _awaiting_controller(workload):
-            self._write_status(body, target.resolved, target, None, workload, job, self._pods(target, workload),
-                               held)
+            self._write_status(body, target.resolved, target, None, workload, job,
+                               self._pods(target, workload), held)
         return Outcome(held=held)
 
+    @staticmethod
+    def _desired(serving: Target, leaving: Optional[Target], service_only: bool) -> list[dict]:
+        """The serving children of `serving`; while `leaving` still serves, its Service and HPA instead."""
+        desired = builders.serving_children(serving)
+        if service_only:
+            return [m for m in desired if m["kind"] == "Service"]
+        if leaving is None:
+            return desired
+        old = {m["kind"]: m for m in builders.serving_children(leaving)}
+        kept = [old.get(m["kind"], m) if m["kind"] in ("Service", "HorizontalPodAutoscaler") else m for m in desired]
+        return kept + ([old["HorizontalPodAutoscaler"]] if "HorizontalPodAutoscaler" in old and
+                       not any(m["kind"] == "HorizontalPodAutoscaler" for m in desired) else [])
+
+    def _workloads(self, target: Target) -> dict[str, dict]:
+        """The live Deployment and LeaderWorkerSet of the model, by kind (one GET each)."""
+        found = {}
+        for kind, multi in (("Deployment", False), ("LeaderWorkerSet", True)):
+            name = target.name + (builders.common.LWS_SUFFIX if multi else "")
+            obj = self.kube.get(kind, target.namespace, name)
+            if obj is not None and any(ref.get("uid") == target.uid
+                                       for ref in obj["metadata"].get("ownerReferences") or []):
+                found[kind] = obj
+        return found
+
+    def _hand_over_replicas(self, desired: list[dict], live: dict[str, dict]) -> None:
+        """A workload applied without spec.replicas (autoscaling) whose live replicas the operator owns: hand the
+        field to HANDOVER_FIELD_MANAGER at its live value first (the server-side apply ownership transfer), or the
+        apply that omits it would reset the workload to 1 replica."""
+        for manifest in desired:
+            current = live.get(manifest["kind"])
+            if manifest["kind"] not in WORKLOAD_KINDS or "replicas" in manifest["spec"] or current is None or \
+                    current["metadata"]["name"] != manifest["metadata"]["name"] or \
+                    not _owns_replicas(current, api.FIELD_MANAGER):
+                continue
+            replicas = (current.get("spec") or {}).get("replicas", 1)
+            log.info("handing %s %s/%s replicas (%d) to the autoscaler", manifest["kind"],
+                     manifest["metadata"]["namespace"], manifest["metadata"]["name"], replicas)
+            self.kube.apply({"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
+                             "metadata": {"name": manifest["metadata"]["name"],
+                                          "namespace": manifest["metadata"]["namespace"]},
+                             "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
+
     def _refresh(self, body: dict, target: Target, changed: Changes) -> Outcome:
-        """Restore the changed children that drifted; the status when the workload or a pod changed."""
+        """Restore the changed children that drifted; the status when the workload, the HPA or a pod changed."""
         desired = {(m["kind"], m["metadata"]["name"]): m for m in builders.serving_children(target)}
-        workload_key = ("LeaderWorkerSet" if target.multi_node else "Deployment", workload_name(target))
+        workload_key = (_kind(target), workload_name(target))
         workload, status_changed = None, False
         for key, live in changed.items():
             wanted = desired.get(key)
@@ -177,7 +276,7 @@ class Reconcile:
                 live = self.kube.apply(wanted)
             if key == workload_key:
                 workload, status_changed = live, True
-            status_changed |= key[0] == "Pod"
+            status_changed |= key[0] in ("Pod", "HorizontalPodAutoscaler")
         if status_changed:
             if workload is None:
                 workload = self.kube.get(workload_key[0], target.namespace, workload_key[1])
@@ -199,20 +298,65 @@ class Reconcile:
     def forget(self, uid: str) -> None:
         """The NeuronModel is gone: drop what was remembered of it."""
         self._reported.pop(uid, None)
+        self._switching.discard(uid)
+
+    def report_access_denied(self, body: dict, message: str) -> None:
+        """Put a persisting 401/403 where users look: status.warnings (the next successful reconcile's status
+        drops it) and a Warning Event. Either may be refused as well: that is logged, never raised."""
+        previous = self._previous(body)
+        warnings = list(previous.get("warnings") or [])
+        current = {**previous, "warnings": [*warnings, message]}
+        meta = body["metadata"]
+        log.error("%s/%s: %s", meta["namespace"], meta["name"], message)
+        try:
+            self.kube.patch_status(meta["namespace"], meta["name"], status.merge_patch(previous, current))
+            self._reported[meta["uid"]] = current
+            self.kube.event(body, "Warning", "APIAccessDenied", message)
+        except ApiError as exc:
+            log.error("%s/%s: could not report it either (%s)", meta["namespace"], meta["name"], exc)
 
     def _previous(self, body: dict) -> dict:
         return self._reported.get(body["metadata"]["uid"]) or body.get("status") or {}
 
-    def _delete_stale(self, target: Target, keep: set, full: bool) -> None:
-        """Children with our label that the current spec does not want. Without `full`, only compile leftovers."""
+    def _delete_stale(self, target: Target, keep: set, full: bool, job: Optional[dict]) -> None:
+        """Children with our label that the current spec does not want. Without `full`, only compile leftovers.
+
+        Spared: a runtime ConfigMap that a ReplicaSet, StatefulSet or pod of the model still refers to (an old pod
+        restarting mid-rollout reads it), and a superseded compile Job of the same compile key that is still
+        running while the current one has not succeeded (its compile fills the same cache entry)."""
         selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
+        in_use: Optional[set[str]] = None
         for kind in CHILD_KINDS if full else ("Job", "ConfigMap"):
             for child in self.kube.list(kind, target.namespace, selector):
                 meta = child["metadata"]
                 owned = any(ref.get("uid") == target.uid for ref in meta.get("ownerReferences") or [])
-                if owned and (kind, meta["name"]) not in keep:
-                    log.info("deleting stale %s %s/%s", kind, target.namespace, meta["name"])
-                    self.kube.delete(kind, target.namespace, meta["name"])
+                if not owned or (kind, meta["name"]) in keep:
+                    continue
+                if kind == "ConfigMap" and meta["labels"].get(api.LABEL_COMPONENT) == builders.common.COMPONENT_SERVER:
+                    if in_use is None:
+                        in_use = self._config_maps_in_use(target)
+                    if meta["name"] in in_use:
+                        continue
+                if kind == "Job" and (child.get("status") or {}).get("active") and not _succeeded(job) and \
+                        (meta.get("annotations") or {}).get(api.ANNOTATION_COMPILE_KEY) == target.resolved.compile_key:
+                    continue
+                log.info("deleting stale %s %s/%s", kind, target.namespace, meta["name"])
+                self.kube.delete(kind, target.namespace, meta["name"])
+
+    def _config_maps_in_use(self, target: Target) -> set[str]:
+        """Runtime ConfigMaps the model's ReplicaSets (every revision the Deployment keeps), LeaderWorkerSet
+        StatefulSets and pods refer to."""
+        pods_selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_COMPONENT}={builders.common.COMPONENT_SERVER}"
+        found: set[str] = set()
+        owners = self.kube.list("ReplicaSet", target.namespace, pods_selector) + \
+            self.kube.list("StatefulSet", target.namespace,
+                           f"{LWS_NAME_LABEL}={target.name}{builders.common.LWS_SUFFIX}")
+        for owner in owners:
+            for pod_spec in _templates(owner):
+                found |= _config_maps(pod_spec)
+        for pod in self.kube.list("Pod", target.namespace, pods_selector):
+            found |= _config_maps(pod.get("spec"))
+        return found
 
     def _write_status(self, body: dict, resolved: Optional[Resolved], target: Optional[Target],
                       spec_error: Optional[str], workload: Optional[dict], job: Optional[dict], pods: list,

@@ -23,10 +23,20 @@ COMPLETE = {"conditions": [{"type": "Complete", "status": "True"}],
 RUNNING = {"active": 1, "startTime": "2026-01-01T00:00:00Z"}
 
 
+WORKLOADS = ("Deployment", "LeaderWorkerSet")
+
+
 class FakeKube:
     """The methods of k8s.Kube over dicts. `statuses[(kind, name)]` scripts the status the API returns for a
     child (what its controller wrote); apply never overwrites it, as server-side apply of a manifest without a
-    status does not."""
+    status does not.
+
+    It refuses what the real API server refuses, and forgets what server-side apply forgets:
+    - a Job's spec.template is immutable, and so is the data of a ConfigMap with `immutable: true` (422);
+    - spec.replicas of a workload belongs to the field managers that applied it: an apply by its sole owner that
+      omits it removes it, and the API server defaults it to 1; another manager's apply of a partial object (the
+      ownership hand-over) merges into the live one.
+    """
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict] = {}
@@ -37,6 +47,7 @@ class FakeKube:
         self.events: list[tuple[str, str, str]] = []
         self.fail_apply: dict[str, ApiError] = {}  # kind -> the error apply raises
         self.lagging: set[tuple[str, str]] = set()  # (kind, name) whose controller has not observed the spec yet
+        self.replicas_owners: dict[tuple[str, str], set[str]] = {}  # (kind, name) -> managers of spec.replicas
 
     # --- test helpers
     def put(self, obj: dict) -> None:
@@ -62,6 +73,8 @@ class FakeKube:
         test lists it in `lagging` (as right after an apply on a busy cluster)."""
         out = copy.deepcopy(obj)
         name = obj["metadata"]["name"]
+        if kind in WORKLOADS:
+            out["metadata"]["managedFields"] = self._managed_fields(kind, name)
         scripted = self.statuses.get((kind, name))
         if scripted is not None:
             out["status"] = copy.deepcopy(scripted)
@@ -69,18 +82,42 @@ class FakeKube:
             out.setdefault("status", {}).setdefault("observedGeneration", out["metadata"]["generation"])
         return out
 
+    def _managed_fields(self, kind: str, name: str) -> list[dict]:
+        return [{"manager": manager, "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+                for manager in sorted(self.replicas_owners.get((kind, name), ()))]
+
     # --- k8s.Kube
-    def apply(self, manifest: dict) -> dict:
+    def apply(self, manifest: dict, field_manager: str = api.FIELD_MANAGER) -> dict:
         kind, meta = manifest["kind"], manifest["metadata"]
         if kind in self.fail_apply:
             raise self.fail_apply[kind]
         assert "status" not in manifest, "the operator never applies a child's status"
         self.applied.append(copy.deepcopy(manifest))
         key = (kind, meta["namespace"], meta["name"])
-        stored = copy.deepcopy(manifest)
         before = self.objects.get(key)
+        if field_manager != api.FIELD_MANAGER:  # a partial object of another manager: merged into the live one
+            assert before is not None, "the hand-over applies to a live object only"
+            stored = _merge(before, manifest)
+        else:
+            stored = copy.deepcopy(manifest)
+        if before is not None and kind == "Job" and before["spec"]["template"] != stored["spec"]["template"]:
+            raise ApiError(422, f'Job.batch "{meta["name"]}" is invalid: spec.template: Invalid value: ...: '
+                                f'field is immutable')
+        if before is not None and kind == "ConfigMap" and before.get("immutable") and \
+                before.get("data") != stored.get("data"):
+            raise ApiError(422, f'ConfigMap "{meta["name"]}" is invalid: data: Forbidden: field is immutable when '
+                                f'`immutable` is set')
+        if kind in WORKLOADS:
+            owners = self.replicas_owners.setdefault((kind, meta["name"]), set())
+            if "replicas" in manifest["spec"]:
+                owners.clear()  # force: the other managers lose the field
+                owners.add(field_manager)
+            else:
+                owners.discard(field_manager)
+                live = (before or {}).get("spec", {}).get("replicas", 1)
+                stored["spec"]["replicas"] = live if owners else 1  # nobody owns it: the default
         generation = (before or {}).get("metadata", {}).get("generation", 0)
-        changed = before is None or before.get("spec") != manifest.get("spec")
+        changed = before is None or before.get("spec") != stored.get("spec")
         stored["metadata"]["generation"] = generation + 1 if changed else generation
         self.objects[key] = stored
         return self._with_status(kind, stored)
@@ -169,7 +206,18 @@ def template_key(deployment: dict) -> str:
 
 
 def served(deployment: dict) -> dict:
-    return json.loads(deployment["metadata"]["annotations"][api.ANNOTATION_SERVED_SPEC])
+    """The spec the workload records as served."""
+    return json.loads(deployment["metadata"]["annotations"][api.ANNOTATION_SERVED])["spec"]
+
+
+def runtime_configmaps(kube: FakeKube) -> dict[str, dict]:
+    return {name: obj for (kind, name), obj in kube.children().items()
+            if kind == "ConfigMap" and obj["metadata"]["labels"][api.LABEL_COMPONENT] == "server"}
+
+
+def config_map_of(workload: dict) -> str:
+    (name,) = [v["configMap"]["name"] for v in workload["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    return name
 
 
 @pytest.fixture
@@ -293,7 +341,7 @@ def serve_a(kube: FakeKube, reconcile: Reconcile) -> tuple[dict, dict]:
 def test_new_compile_key_keeps_serving_the_old_spec_until_compiled(kube, reconcile, cleanup):
     job_a, deployment_a = serve_a(kube, reconcile)
     key_a = job_key(job_a)
-    runtime_cm_a = copy.deepcopy(kube.children()["ConfigMap", f"{NAME}-runtime"])
+    runtime_cm_a = copy.deepcopy(kube.children()["ConfigMap", config_map_of(deployment_a)])
 
     set_spec(kube, spec_b(replicas=3))
     outcome = reconcile(NS, NAME, cleanup=cleanup)
@@ -306,7 +354,7 @@ def test_new_compile_key_keeps_serving_the_old_spec_until_compiled(kube, reconci
     assert deployment["spec"]["template"] == deployment_a["spec"]["template"]
     assert template_key(deployment) == key_a
     assert served(deployment)["batching"]["maxBatchSize"] == 8
-    assert kube.children()["ConfigMap", f"{NAME}-runtime"] == runtime_cm_a
+    assert kube.children()["ConfigMap", config_map_of(deployment)] == runtime_cm_a
     # ...but the NEW replica count
     assert deployment["spec"]["replicas"] == 3
     status = kube.model()["status"]
@@ -325,7 +373,7 @@ def test_new_compile_key_keeps_serving_the_old_spec_until_compiled(kube, reconci
     assert ("Job", job_a["metadata"]["name"]) in kube.deleted
     assert ("ConfigMap", job_a["metadata"]["name"]) in kube.deleted
     assert ("ConfigMap", job_b["metadata"]["name"]) in kube.children()
-    assert ("ConfigMap", f"{NAME}-runtime") in kube.children()  # the serving ConfigMap is never stale
+    assert ("ConfigMap", config_map_of(deployment)) in kube.children()  # the serving ConfigMap is never stale
 
 
 def test_a_third_key_while_held_still_serves_the_first(kube, reconcile):
@@ -423,11 +471,12 @@ def test_stale_cleanup_spares_what_others_own(kube, reconcile):
     assert ("PodDisruptionBudget", "hand-made") in kube.children()
 
 
-def test_non_retryable_api_error_becomes_failed(kube, reconcile):
+def test_a_refused_child_is_reported_and_retried_not_failed_for_good(kube, reconcile):
     kube.put(body(TORCH))
     kube.fail_apply["Deployment"] = ApiError(422, 'Deployment.apps "llama" is invalid: spec.template: bad')
     outcome = reconcile(NS, NAME, cleanup=True)
-    assert outcome.spec_error and "is invalid" in outcome.spec_error
+    assert outcome.child_error and "is invalid" in outcome.child_error
+    assert not outcome.spec_error  # not kopf's PermanentError: the handler retries it with backoff
     status = kube.model()["status"]
     assert status["phase"] == "Failed"
     assert "is invalid" in next(c for c in status["conditions"] if c["type"] == "Ready")["message"]
@@ -456,3 +505,144 @@ def test_status_waits_for_the_deployment_controller_to_observe_the_new_spec(kube
     deployment = kube.get("Deployment", NS, NAME)
     reconcile(NS, NAME, cleanup=False, changed={("Deployment", NAME): deployment})
     assert kube.status_patches and kube.model()["status"]["phase"] == "Pending"
+
+
+# --- everyday edits keep a serving model serving -------------------------------------------------------------
+
+def test_an_edit_outside_the_compile_key_is_a_new_compile_job_never_a_422(kube, reconcile):
+    job_a, _ = serve_a(kube, reconcile)
+    for edit in ({"resources": {"requests": {"memory": "64Gi"}}}, {"schedulerName": "neuron-scheduler"},
+                 {"server": {"port": 9000}}, {"serviceAccountName": "model-reader"}):
+        before = {j["metadata"]["name"] for j in jobs(kube)}
+        set_spec(kube, {**copy.deepcopy(kube.model()["spec"]), **edit})
+        outcome = reconcile(NS, NAME, cleanup=True)  # the fake refuses a changed Job template, as the API does
+        assert outcome == Outcome(), edit
+        (job,) = [j for j in jobs(kube) if j["metadata"]["name"] not in before]
+        assert job_key(job) == job_key(job_a)  # the same compile key: a new Job, found in the cache at once
+        kube.statuses["Job", job["metadata"]["name"]] = COMPLETE
+        reconcile(NS, NAME, cleanup=True)
+        assert [j["metadata"]["name"] for j in jobs(kube)] == [job["metadata"]["name"]]  # superseded ones go
+    template = kube.one("Deployment")["spec"]["template"]["spec"]
+    assert template["serviceAccountName"] == "model-reader" and template["schedulerName"] == "neuron-scheduler"
+    assert kube.model()["status"]["phase"] != "Failed"
+
+
+def test_a_running_compile_of_the_same_key_is_not_killed_by_an_edit(kube, reconcile):
+    kube.put(body(NEURON_A))
+    reconcile(NS, NAME, cleanup=True)
+    (first,) = jobs(kube)
+    kube.statuses["Job", first["metadata"]["name"]] = RUNNING
+    set_spec(kube, {**NEURON_A, "resources": {"requests": {"memory": "64Gi"}}})
+    reconcile(NS, NAME, cleanup=True)
+    assert len(jobs(kube)) == 2 and ("Job", first["metadata"]["name"]) not in kube.deleted
+    (second,) = [j for j in jobs(kube) if j["metadata"]["name"] != first["metadata"]["name"]]
+    kube.statuses["Job", second["metadata"]["name"]] = COMPLETE
+    reconcile(NS, NAME, cleanup=True)
+    assert ("Job", first["metadata"]["name"]) in kube.deleted
+
+
+UNPINNED_IMAGE = {**NEURON_A}  # no spec.image: the image comes from the operator's defaults
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_an_operator_upgrade_that_changes_the_default_image_compiles_first(kube, legacy):
+    old = OperatorDefaults(image_version="0.1.0", hpa_metric="queue")
+    job_a, deployment_a = serve_a(kube, Reconcile(kube, old))
+    image_a = deployment_a["spec"]["template"]["spec"]["containers"][0]["image"]
+    if legacy:  # a Deployment written by operator 0.1.0: the spec alone, the image and key in its template
+        stored = kube.objects["Deployment", NS, NAME]
+        record = json.loads(stored["metadata"]["annotations"].pop(api.ANNOTATION_SERVED))
+        stored["metadata"]["annotations"][api.ANNOTATION_SERVED_SPEC] = json.dumps(record["spec"])
+        deployment_a = copy.deepcopy(stored)
+    upgraded = Reconcile(kube, OperatorDefaults(image_version="0.2.0", hpa_metric="queue"))
+    outcome = upgraded(NS, NAME, cleanup=True)  # the restarted operator resumes every model
+    assert outcome.held
+    job_b = next(j for j in jobs(kube) if job_key(j) != job_key(job_a))
+    assert "0.2.0" in job_b["spec"]["template"]["spec"]["containers"][0]["image"]
+    deployment = kube.one("Deployment")
+    assert deployment["spec"]["template"] == deployment_a["spec"]["template"]  # old pods keep serving
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == image_a
+    kube.statuses["Job", job_b["metadata"]["name"]] = COMPLETE
+    assert not upgraded(NS, NAME, cleanup=False).held
+    assert "0.2.0" in kube.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def lws_ready(kube: FakeKube, replicas: int = 1) -> None:
+    kube.statuses["LeaderWorkerSet", f"{NAME}-lws"] = {"replicas": replicas, "readyReplicas": replicas,
+                                                       "updatedReplicas": replicas}
+
+
+def test_nodes_one_to_two_serves_from_the_deployment_until_the_group_is_ready(kube, reconcile):
+    kube.put(body(TORCH))
+    reconcile(NS, NAME, cleanup=True)
+    deployment = kube.one("Deployment")
+    set_spec(kube, {**TORCH, "parallelism": {"tensorParallelDegree": 2, "nodes": 2}})
+    reconcile(NS, NAME, cleanup=True)
+    assert ("Deployment", NAME) in kube.children() and ("LeaderWorkerSet", f"{NAME}-lws") in kube.children()
+    assert ("ConfigMap", config_map_of(deployment)) in kube.children()  # the Deployment's pods still read it
+    assert kube.one("Service")["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    # the group becomes ready: its event runs a full reconcile, which moves the Service and removes the Deployment
+    lws_ready(kube)
+    reconcile(NS, NAME, cleanup=False, changed={("LeaderWorkerSet", f"{NAME}-lws"):
+                                                kube.get("LeaderWorkerSet", NS, f"{NAME}-lws")})
+    assert ("Deployment", NAME) not in kube.children()
+    assert kube.one("Service")["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+
+
+def test_nodes_two_to_one_serves_from_the_group_until_the_deployment_is_ready(kube, reconcile):
+    kube.put(body({**TORCH, "parallelism": {"tensorParallelDegree": 2, "nodes": 2}}))
+    reconcile(NS, NAME, cleanup=True)
+    lws_ready(kube)
+    set_spec(kube, TORCH)
+    reconcile(NS, NAME, cleanup=True)
+    assert ("LeaderWorkerSet", f"{NAME}-lws") in kube.children() and ("Deployment", NAME) in kube.children()
+    assert "leaderworkerset.sigs.k8s.io/worker-index" in kube.one("Service")["spec"]["selector"]
+    kube.statuses["Deployment", NAME] = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1,
+                                         "availableReplicas": 1, "updatedReplicas": 1}
+    reconcile(NS, NAME, cleanup=False, changed={("Deployment", NAME): kube.get("Deployment", NS, NAME)})
+    assert ("LeaderWorkerSet", f"{NAME}-lws") not in kube.children()
+    assert "leaderworkerset.sigs.k8s.io/worker-index" not in kube.one("Service")["spec"]["selector"]
+
+
+def test_replicas_to_autoscaling_keeps_the_live_count_then_back(kube, reconcile):
+    kube.put(body({**TORCH, "replicas": 3}))
+    reconcile(NS, NAME, cleanup=True)
+    autoscaled = {key: value for key, value in TORCH.items() if key != "replicas"}
+    set_spec(kube, {**autoscaled, "autoscaling": {"minReplicas": 1, "maxReplicas": 6}})
+    reconcile(NS, NAME, cleanup=True)
+    deployment = kube.one("Deployment")
+    assert deployment["spec"]["replicas"] == 3  # not reset to 1 by the apply that leaves the field out
+    assert kube.replicas_owners["Deployment", NAME] == {api.HANDOVER_FIELD_MANAGER}
+    assert "HorizontalPodAutoscaler" in kube.kinds()
+    set_spec(kube, {**TORCH, "replicas": 2})
+    reconcile(NS, NAME, cleanup=True)
+    assert kube.one("Deployment")["spec"]["replicas"] == 2
+    assert "HorizontalPodAutoscaler" not in kube.kinds()
+
+
+def test_a_minimal_spec_runs_one_replica(kube, reconcile):
+    kube.put(body({key: value for key, value in TORCH.items() if key != "replicas"}))
+    assert reconcile(NS, NAME, cleanup=True) == Outcome()
+    assert kube.one("Deployment")["spec"]["replicas"] == 1
+
+
+def test_runtime_config_maps_are_immutable_per_revision_and_kept_while_used(kube, reconcile):
+    kube.put(body(TORCH))
+    reconcile(NS, NAME, cleanup=True)
+    first = kube.one("Deployment")
+    old_name = config_map_of(first)
+    old = copy.deepcopy(runtime_configmaps(kube)[old_name])
+    assert old["immutable"] is True
+    # the Deployment's first ReplicaSet still runs pods of the old template
+    kube.put({"kind": "ReplicaSet", "metadata": {"name": f"{NAME}-1", "namespace": NS,
+                                                  "labels": first["spec"]["template"]["metadata"]["labels"]},
+              "spec": {"template": copy.deepcopy(first["spec"]["template"])}})
+    set_spec(kube, {**TORCH, "batching": {"maxBatchSize": 4}})
+    reconcile(NS, NAME, cleanup=True)
+    new_name = config_map_of(kube.one("Deployment"))
+    assert new_name != old_name
+    assert runtime_configmaps(kube)[old_name] == old  # an old pod restarting reads its own revision's config
+    assert json.loads(runtime_configmaps(kube)[new_name]["data"]["config.json"])["max_num_seqs"] == 4
+    del kube.objects["ReplicaSet", NS, f"{NAME}-1"]  # the revision is gone from the Deployment's history
+    reconcile(NS, NAME, cleanup=True)
+    assert sorted(runtime_configmaps(kube)) == [new_name]

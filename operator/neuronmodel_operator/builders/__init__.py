@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuronmodel_operator.builders.common import (Target, compile_name, owner_reference, runtime_configmap_name,
-                                                  selector, selector_string, serving_selector, target_from_body,
-                                                  workload_name, workload_ref)
-from neuronmodel_operator.builders.configmap import (compile_configmap, config_hash, configmap, runtime_config,
-                                                     runtime_config_json)
+from neuronmodel_operator.builders.common import (Target, owner_reference, selector, selector_string,
+                                                  served_record, serving_selector, target_from_body, workload_name,
+                                                  workload_ref)
+from neuronmodel_operator.builders.configmap import (config_hash, configmap, runtime_config, runtime_config_json,
+                                                     runtime_configmap_name)
 from neuronmodel_operator.builders.deployment import deployment
 from neuronmodel_operator.builders.hpa import hpa
-from neuronmodel_operator.builders.job import compile_job
+from neuronmodel_operator.builders.job import compile_configmap, compile_job, compile_name
 from neuronmodel_operator.builders.leaderworkerset import leaderworkerset
 from neuronmodel_operator.builders.pdb import pdb
 from neuronmodel_operator.builders.pod import pod_spec, pod_template, startup_budget_s
@@ -25,7 +25,7 @@ __all__ = [
     "runtime_config", "runtime_config_json", "config_hash", "deployment", "leaderworkerset", "service", "endpoint",
     "compile_job", "pdb", "hpa", "pod_spec", "pod_template", "startup_budget_s", "owner_reference", "selector",
     "serving_selector", "selector_string", "workload_name", "workload_ref", "compile_name",
-    "runtime_configmap_name",
+    "runtime_configmap_name", "served_record",
 ]
 
 

@@ -7,6 +7,7 @@ labels and would claim (or prune) our children as theirs. The ownerReference is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -26,8 +27,6 @@ LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 #: LeaderWorkerSet (its pods' DNS subdomain, through which workers reach the leader); our ClusterIP Service is
 #: `<name>`, so an LWS also named `<name>` would collide with it.
 LWS_SUFFIX = "-lws"
-#: Characters of the compile key in the compile Job's name (the full key is in its annotation).
-COMPILE_KEY_CHARS = 10
 
 
 @dataclass(frozen=True)
@@ -63,15 +62,6 @@ def target_from_body(body: Mapping[str, Any], defaults: OperatorDefaults) -> Tar
 
 
 # Child names: one place, so handlers, status and tests agree.
-
-def runtime_configmap_name(target: Target) -> str:
-    return f"{target.name}-runtime"
-
-
-def compile_name(target: Target) -> str:
-    """The compile Job and its ConfigMap: a new compile key is a new Job (Jobs' templates are immutable)."""
-    return f"{target.name}-compile-{target.resolved.compile_key[:COMPILE_KEY_CHARS]}"
-
 
 def workload_name(target: Target) -> str:
     """The Deployment (`<name>`) or, when nodes > 1, the LeaderWorkerSet (`<name>-lws`, see LWS_SUFFIX)."""
@@ -130,7 +120,8 @@ def metadata(target: Target, name: str, component: str,
     return meta
 
 
-def served_spec(target: Target) -> str:
-    """The spec as canonical JSON (camelCase, sorted keys): the workload's ANNOTATION_SERVED_SPEC, the spec its
-    pods run. The handler reads it back to keep serving the old spec while a new compile key's Job runs."""
-    return json.dumps(target.spec.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+def served_record(target: Target) -> str:
+    """api.ANNOTATION_SERVED on the workload: canonical JSON of the spec its pods run and of what it resolved to
+    (served.py reads it back to keep serving it while a new compile key's Job runs)."""
+    return json.dumps({"spec": target.spec.model_dump(mode="json", by_alias=True),
+                       "resolved": dataclasses.asdict(target.resolved)}, sort_keys=True, separators=(",", ":"))

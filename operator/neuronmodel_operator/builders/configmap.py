@@ -2,6 +2,11 @@
 
 The JSON has exactly RuntimeConfig's snake_case fields (the unit tests validate it with the runtime's own
 model). It never holds the API key: that reaches the pod as env NEURONMODEL_API_KEY from a secretKeyRef.
+
+ConfigMaps are immutable and named by their content (`<name>-runtime-<sha10>`, as Kustomize's hashed ConfigMaps):
+a new config is a new ConfigMap and a new pod template, so it rolls the pods, and a pod of an older revision that
+restarts mid-rollout still reads its own config (a rewrite in place would hand it the new TP and model with its old
+cores and volumes). The reconcile removes the ones no ReplicaSet or pod uses any more.
 """
 
 from __future__ import annotations
@@ -11,10 +16,11 @@ import json
 from typing import Any
 
 from neuronmodel_operator.builders import sources
-from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, Target, compile_name,
-                                                  metadata, runtime_configmap_name)
+from neuronmodel_operator.builders.common import COMPONENT_SERVER, Target, metadata
 
 CONFIG_KEY = "config.json"
+#: Hex characters of the content hash in a ConfigMap's (or compile Job's) name.
+CONTENT_CHARS = 10
 #: Seconds SIGTERM waits for in-flight requests (server.drain_timeout_s); the pod's grace period adds a margin.
 DRAIN_TIMEOUT_S = 30
 
@@ -77,26 +83,21 @@ def runtime_config_json(target: Target, for_compile: bool = False) -> str:
 
 
 def config_hash(target: Target) -> str:
-    """sha256 of the serving config.json: the pod template's ANNOTATION_CONFIG_HASH, so a new config rolls the pods
-    (a ConfigMap change alone restarts nothing)."""
+    """sha256 of the serving config.json (the runtime ConfigMap's name carries its first CONTENT_CHARS)."""
     return hashlib.sha256(runtime_config_json(target).encode()).hexdigest()
 
 
-def compile_config_hash(target: Target) -> str:
-    return hashlib.sha256(runtime_config_json(target, for_compile=True).encode()).hexdigest()
+def runtime_configmap_name(target: Target) -> str:
+    """`<name>-runtime-<sha10>`: the serving pods' config, named by its content."""
+    return f"{target.name}-runtime-{config_hash(target)[:CONTENT_CHARS]}"
 
 
-def _configmap(target: Target, name: str, component: str, for_compile: bool) -> dict[str, Any]:
+def config_map(target: Target, name: str, component: str, for_compile: bool = False) -> dict[str, Any]:
+    """An immutable ConfigMap `name` holding the RuntimeConfig (of the compile Job with `for_compile`)."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(target, name, component),
-            "data": {CONFIG_KEY: runtime_config_json(target, for_compile)}}
+            "immutable": True, "data": {CONFIG_KEY: runtime_config_json(target, for_compile)}}
 
 
 def configmap(target: Target) -> dict[str, Any]:
-    """`<name>-runtime`: the config of the spec being served."""
-    return _configmap(target, runtime_configmap_name(target), COMPONENT_SERVER, for_compile=False)
-
-
-def compile_configmap(target: Target) -> dict[str, Any]:
-    """`<name>-compile-<key10>`: the compile Job's own config, of the NEW spec (the runtime ConfigMap may still hold
-    the spec being served while the Job compiles)."""
-    return _configmap(target, compile_name(target), COMPONENT_COMPILE, for_compile=True)
+    """The config of the spec being served (`runtime_configmap_name`)."""
+    return config_map(target, runtime_configmap_name(target), COMPONENT_SERVER)

@@ -12,8 +12,9 @@ from typing import Any
 
 from neuronmodel_operator import api
 from neuronmodel_operator.builders.common import (COMPONENT_SERVER, LWS_API_VERSION, LWS_KIND, Target, metadata,
-                                                  served_spec, workload_name)
+                                                  served_record, workload_name)
 from neuronmodel_operator.builders.deployment import rolling_update
+from neuronmodel_operator.builders.configmap import runtime_configmap_name
 from neuronmodel_operator.builders.pod import pod_template
 
 
@@ -28,13 +29,13 @@ def leaderworkerset(target: Target) -> dict[str, Any]:
             "size": target.spec.parallelism.nodes,
             # A group is one model sharded over its nodes: one pod lost means the whole group restarts.
             "restartPolicy": "RecreateGroupOnPodRestart",
-            "leaderTemplate": pod_template(target, "serve"),
-            "workerTemplate": pod_template(target, "worker"),
+            "leaderTemplate": pod_template(target, "serve", runtime_configmap_name(target)),
+            "workerTemplate": pod_template(target, "worker", runtime_configmap_name(target)),
         },
         "startupPolicy": "LeaderCreated",
         "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling_update(target)},
     })
     return {"apiVersion": LWS_API_VERSION, "kind": LWS_KIND,
             "metadata": metadata(target, workload_name(target), COMPONENT_SERVER,
-                                 {api.ANNOTATION_SERVED_SPEC: served_spec(target)}),
+                                 {api.ANNOTATION_SERVED: served_record(target)}),
             "spec": spec}

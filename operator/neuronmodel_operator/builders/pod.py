@@ -15,9 +15,8 @@ from typing import Any, Literal, Optional, Sequence
 from neuronmodel_operator import api, devices
 from neuronmodel_operator.api import SpecError
 from neuronmodel_operator.builders import sources
-from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, Target, compile_name, labels,
-                                                  runtime_configmap_name)
-from neuronmodel_operator.builders.configmap import (DRAIN_TIMEOUT_S, compile_config_hash, config_hash)
+from neuronmodel_operator.builders.common import COMPONENT_COMPILE, COMPONENT_SERVER, Target, labels
+from neuronmodel_operator.builders.configmap import DRAIN_TIMEOUT_S
 
 Role = Literal["serve", "worker", "compile"]
 
@@ -130,9 +129,8 @@ def _mounts(target: Target) -> list[sources.SourceMount]:
             if m is not None]
 
 
-def volumes_and_mounts(target: Target, role: Role) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The pod's volumes and the runtime container's volumeMounts."""
-    config_map = compile_name(target) if role == "compile" else runtime_configmap_name(target)
+def volumes_and_mounts(target: Target, config_map: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes (the RuntimeConfig from ConfigMap `config_map`) and the runtime container's volumeMounts."""
     volumes = [{"name": "config", "configMap": {"name": config_map}},
                {"name": "shm", "emptyDir": {"medium": "Memory"}},
                {"name": "tmp", "emptyDir": {}},
@@ -216,10 +214,11 @@ def _container(target: Target, command: Sequence[str], role: Role, mounts: list[
     return out
 
 
-def pod_spec(target: Target, command: Sequence[str], role: Role) -> dict[str, Any]:
+def pod_spec(target: Target, command: Sequence[str], role: Role, config_map: str) -> dict[str, Any]:
     """The PodSpec of `role`: "serve" (Deployment, LWS leader), "worker" (LWS workers; the multi-node issue gives
-    them their health checks) or "compile" (the compile Job: restartPolicy Never, no probes)."""
-    volumes, mounts = volumes_and_mounts(target, role)
+    them their health checks) or "compile" (the compile Job: restartPolicy Never, no probes), reading its
+    RuntimeConfig from ConfigMap `config_map`."""
+    volumes, mounts = volumes_and_mounts(target, config_map)
     spec: dict[str, Any] = {
         # The runtime never calls the Kubernetes API. IRSA and EKS Pod Identity are unaffected: their webhooks
         # inject their own projected token volume, independent of this setting.
@@ -239,17 +238,18 @@ def pod_spec(target: Target, command: Sequence[str], role: Role) -> dict[str, An
     return spec
 
 
-def pod_template(target: Target, role: Role, command: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    """A pod template: our labels; the config hash (a new config rolls the pods) and the compile key; Prometheus
-    scrape annotations on serving pods. `command` defaults to the role's."""
+def pod_template(target: Target, role: Role, config_map: str,
+                 command: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """A pod template: our labels; the compile key; Prometheus scrape annotations on serving pods. `config_map` is
+    the content-named ConfigMap of its RuntimeConfig (a new config is a new name, so it rolls the pods, and a pod of
+    an older revision keeps reading its own). `command` defaults to the role's."""
     if command is None:
         command = {"serve": SERVE_COMMAND, "worker": WORKER_COMMAND, "compile": COMPILE_COMMAND}[role]
     annotations: dict[str, str] = {}
     if role == "serve":
         annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(target.spec.server.port),
                             "prometheus.io/path": "/metrics"})
-    annotations[api.ANNOTATION_CONFIG_HASH] = compile_config_hash(target) if role == "compile" else config_hash(target)
     annotations[api.ANNOTATION_COMPILE_KEY] = target.resolved.compile_key
     component = COMPONENT_COMPILE if role == "compile" else COMPONENT_SERVER
     return {"metadata": {"labels": labels(target, component), "annotations": annotations},
-            "spec": pod_spec(target, command, role)}
+            "spec": pod_spec(target, command, role, config_map)}
