@@ -38,6 +38,7 @@ STATUS = ("tests/operator_tests/test_status.py",)
 BUILDERS = ("tests/operator_tests/test_builders.py",)
 CRD = ("tests/operator_tests/test_crd.py",)
 RECONCILE = ("tests/operator_tests/test_reconcile.py",)
+HANDLERS = ("tests/operator_tests/test_handlers.py",)
 NXDI_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "nxdi")
 TNX_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "tnx")
 CACHE = ("tests/runtime_tests/test_cache.py",)
@@ -147,9 +148,58 @@ MUTATIONS = [
     ),
     Mutation(
         "reconcile: a new compile key rolls the pods before its Job succeeds", "reconcile.py",
-        "    if resolved.compile_key == target.resolved.compile_key:\n        return None",
-        "    if True:\n        return None",
+        "if previous is not None and previous.resolved.compile_key != target.resolved.compile_key:",
+        "if False:",
         RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "job: the compile Job named by the compile key alone (an edit re-applies an immutable template: 422)",
+        "builders/job.py",
+        'return f"{target.name}-compile-{digest[:CONTENT_CHARS]}"',
+        'return f"{target.name}-compile-{target.resolved.compile_key[:CONTENT_CHARS]}"',
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: an edit outside the compile key compiles again", "reconcile.py",
+        "        job = self._compiled(target)\n", "        job = None\n",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a refused child is a permanent failure", "reconcile.py",
+        "return Outcome(child_error=message)", "return Outcome(spec_error=message)",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "served: the served spec re-resolved under today's defaults (an operator upgrade rolls every model)",
+        "served.py",
+        'spec, resolved = api.parse_spec(record["spec"]), _resolved(record["resolved"])',
+        'spec = api.parse_spec(record["spec"])\n            resolved = resolve(spec, defaults)',
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a workload-kind change removes the old workload before the new one is ready", "reconcile.py",
+        "if leaving is not None and _ready(workload):", "if leaving is not None:",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: replicas -> autoscaling without the hand-over (the Deployment resets to 1)", "reconcile.py",
+        "        self._hand_over_replicas(desired, live)\n", "",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "configmap: one mutable runtime ConfigMap for every revision", "builders/configmap.py",
+        'return f"{target.name}-runtime-{config_hash(target)[:CONTENT_CHARS]}"', 'return f"{target.name}-runtime"',
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a runtime ConfigMap deleted while an old ReplicaSet still uses it", "reconcile.py",
+        "                    if meta[\"name\"] in in_use:\n                        continue\n", "",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "handlers: retries at a fixed delay (no exponential backoff)", "handlers.py",
+        "delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (max(attempt, 1) - 1))", "delay = RETRY_BASE_S",
+        HANDLERS, OPERATOR,
     ),
 ]
 

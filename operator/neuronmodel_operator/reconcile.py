@@ -173,8 +173,10 @@ class Reconcile:
             return Outcome(child_error=message)
 
     def _apply(self, body: dict, target: Target, cleanup: bool) -> Outcome:
-        job = None
-        compile_children = builders.compile_children(target)
+        # A compile key that a Job (of any template) has compiled needs no new Job: an edit outside the key rolls
+        # at once. Otherwise the Job of the current template runs.
+        job = self._compiled(target)
+        compile_children = [] if job is not None else builders.compile_children(target)
         for manifest in compile_children:
             applied = self.kube.apply(manifest)
             if manifest["kind"] == "Job":
@@ -213,10 +215,12 @@ class Reconcile:
             self._switching.discard(target.uid)
         if cleanup or (target.resolved.compile_job and not held):
             keep = {(m["kind"], m["metadata"]["name"]) for m in desired + compile_children}
+            if job is not None:
+                keep |= {("Job", job["metadata"]["name"]), ("ConfigMap", job["metadata"]["name"])}
             if leaving is not None:
                 keep |= {(_kind(leaving), workload_name(leaving)),
                          ("ConfigMap", builders.runtime_configmap_name(leaving))}
-            self._delete_stale(target, keep, full=cleanup, job=job)
+            self._delete_stale(target, keep, full=cleanup)
         if not _awaiting_controller(workload):
             self._write_status(body, target.resolved, target, None, workload, job,
                                self._pods(target, workload), held)
@@ -318,12 +322,20 @@ class Reconcile:
     def _previous(self, body: dict) -> dict:
         return self._reported.get(body["metadata"]["uid"]) or body.get("status") or {}
 
-    def _delete_stale(self, target: Target, keep: set, full: bool, job: Optional[dict]) -> None:
-        """Children with our label that the current spec does not want. Without `full`, only compile leftovers.
+    def _compiled(self, target: Target) -> Optional[dict]:
+        """A succeeded compile Job of the target's compile key, None when there is none (or no Job is needed)."""
+        if not target.resolved.compile_job:
+            return None
+        selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_COMPONENT}={builders.common.COMPONENT_COMPILE}"
+        return next((job for job in self.kube.list("Job", target.namespace, selector) if _succeeded(job) and
+                     (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_COMPILE_KEY)
+                     == target.resolved.compile_key), None)
 
+    def _delete_stale(self, target: Target, keep: set, full: bool) -> None:
+        """Children with our label that the current spec does not want. Without `full`, only compile leftovers
+        (superseded Jobs too: a running one of an older template, too small for the compile say, is replaced).
         Spared: a runtime ConfigMap that a ReplicaSet, StatefulSet or pod of the model still refers to (an old pod
-        restarting mid-rollout reads it), and a superseded compile Job of the same compile key that is still
-        running while the current one has not succeeded (its compile fills the same cache entry)."""
+        restarting mid-rollout reads it)."""
         selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
         in_use: Optional[set[str]] = None
         for kind in CHILD_KINDS if full else ("Job", "ConfigMap"):
@@ -337,9 +349,6 @@ class Reconcile:
                         in_use = self._config_maps_in_use(target)
                     if meta["name"] in in_use:
                         continue
-                if kind == "Job" and (child.get("status") or {}).get("active") and not _succeeded(job) and \
-                        (meta.get("annotations") or {}).get(api.ANNOTATION_COMPILE_KEY) == target.resolved.compile_key:
-                    continue
                 log.info("deleting stale %s %s/%s", kind, target.namespace, meta["name"])
                 self.kube.delete(kind, target.namespace, meta["name"])
 

@@ -17,7 +17,7 @@ from neuronmodel_operator.resolve import OperatorDefaults
 NS = "team"
 NAME = "llama"
 UID = "0b0c4c1e-1d5e-4c59-9a51-5f2b7e4e7a10"
-DEFAULTS = OperatorDefaults(image="registry.example/neuronmodel-runtime:1.0", hpa_metric="queue")
+DEFAULTS = OperatorDefaults(image="registry.example/neuronmodel-runtime:1.0", hpa_metric="queue", allow_host_path=True)
 COMPLETE = {"conditions": [{"type": "Complete", "status": "True"}],
             "startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:20:00Z", "succeeded": 1}
 RUNNING = {"active": 1, "startTime": "2026-01-01T00:00:00Z"}
@@ -509,36 +509,31 @@ def test_status_waits_for_the_deployment_controller_to_observe_the_new_spec(kube
 
 # --- everyday edits keep a serving model serving -------------------------------------------------------------
 
-def test_an_edit_outside_the_compile_key_is_a_new_compile_job_never_a_422(kube, reconcile):
+def test_an_edit_outside_the_compile_key_rolls_at_once_without_a_compile(kube, reconcile):
     job_a, _ = serve_a(kube, reconcile)
     for edit in ({"resources": {"requests": {"memory": "64Gi"}}}, {"schedulerName": "neuron-scheduler"},
                  {"server": {"port": 9000}}, {"serviceAccountName": "model-reader"}):
-        before = {j["metadata"]["name"] for j in jobs(kube)}
         set_spec(kube, {**copy.deepcopy(kube.model()["spec"]), **edit})
-        outcome = reconcile(NS, NAME, cleanup=True)  # the fake refuses a changed Job template, as the API does
-        assert outcome == Outcome(), edit
-        (job,) = [j for j in jobs(kube) if j["metadata"]["name"] not in before]
-        assert job_key(job) == job_key(job_a)  # the same compile key: a new Job, found in the cache at once
-        kube.statuses["Job", job["metadata"]["name"]] = COMPLETE
-        reconcile(NS, NAME, cleanup=True)
-        assert [j["metadata"]["name"] for j in jobs(kube)] == [job["metadata"]["name"]]  # superseded ones go
+        assert reconcile(NS, NAME, cleanup=True) == Outcome(), edit
+        assert [j["metadata"]["name"] for j in jobs(kube)] == [job_a["metadata"]["name"]]  # compiled already
     template = kube.one("Deployment")["spec"]["template"]["spec"]
     assert template["serviceAccountName"] == "model-reader" and template["schedulerName"] == "neuron-scheduler"
+    assert template["containers"][0]["ports"][0]["containerPort"] == 9000
     assert kube.model()["status"]["phase"] != "Failed"
 
 
-def test_a_running_compile_of_the_same_key_is_not_killed_by_an_edit(kube, reconcile):
+def test_an_edit_while_compiling_replaces_the_job_never_a_422(kube, reconcile):
     kube.put(body(NEURON_A))
     reconcile(NS, NAME, cleanup=True)
     (first,) = jobs(kube)
     kube.statuses["Job", first["metadata"]["name"]] = RUNNING
+    # the compile runs out of memory: the user raises it (the fake refuses a changed Job template, as the API does)
     set_spec(kube, {**NEURON_A, "resources": {"requests": {"memory": "64Gi"}}})
-    reconcile(NS, NAME, cleanup=True)
-    assert len(jobs(kube)) == 2 and ("Job", first["metadata"]["name"]) not in kube.deleted
-    (second,) = [j for j in jobs(kube) if j["metadata"]["name"] != first["metadata"]["name"]]
-    kube.statuses["Job", second["metadata"]["name"]] = COMPLETE
-    reconcile(NS, NAME, cleanup=True)
-    assert ("Job", first["metadata"]["name"]) in kube.deleted
+    assert reconcile(NS, NAME, cleanup=True) == Outcome()
+    (second,) = jobs(kube)
+    assert second["metadata"]["name"] != first["metadata"]["name"] and job_key(second) == job_key(first)
+    assert second["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] == "64Gi"
+    assert ("Job", first["metadata"]["name"]) in kube.deleted and ("ConfigMap", first["metadata"]["name"]) in kube.deleted
 
 
 UNPINNED_IMAGE = {**NEURON_A}  # no spec.image: the image comes from the operator's defaults
@@ -546,7 +541,7 @@ UNPINNED_IMAGE = {**NEURON_A}  # no spec.image: the image comes from the operato
 
 @pytest.mark.parametrize("legacy", [False, True])
 def test_an_operator_upgrade_that_changes_the_default_image_compiles_first(kube, legacy):
-    old = OperatorDefaults(image_version="0.1.0", hpa_metric="queue")
+    old = OperatorDefaults(image_version="0.1.0", hpa_metric="queue", allow_host_path=True)
     job_a, deployment_a = serve_a(kube, Reconcile(kube, old))
     image_a = deployment_a["spec"]["template"]["spec"]["containers"][0]["image"]
     if legacy:  # a Deployment written by operator 0.1.0: the spec alone, the image and key in its template
@@ -554,7 +549,7 @@ def test_an_operator_upgrade_that_changes_the_default_image_compiles_first(kube,
         record = json.loads(stored["metadata"]["annotations"].pop(api.ANNOTATION_SERVED))
         stored["metadata"]["annotations"][api.ANNOTATION_SERVED_SPEC] = json.dumps(record["spec"])
         deployment_a = copy.deepcopy(stored)
-    upgraded = Reconcile(kube, OperatorDefaults(image_version="0.2.0", hpa_metric="queue"))
+    upgraded = Reconcile(kube, OperatorDefaults(image_version="0.2.0", hpa_metric="queue", allow_host_path=True))
     outcome = upgraded(NS, NAME, cleanup=True)  # the restarted operator resumes every model
     assert outcome.held
     job_b = next(j for j in jobs(kube) if job_key(j) != job_key(job_a))
