@@ -193,7 +193,7 @@ MUTATIONS = [
     ),
     Mutation(
         "reconcile: a runtime ConfigMap deleted while an old ReplicaSet still uses it", "reconcile.py",
-        "                    if meta[\"name\"] in in_use:\n                        continue\n", "",
+        "                    if (kind, meta[\"name\"]) in in_use:\n                        continue\n", "",
         RECONCILE, OPERATOR,
     ),
     Mutation(

@@ -35,7 +35,8 @@ from datetime import datetime, timezone
 from typing import Iterable, Optional
 
 from neuronmodel_operator import api, builders, status
-from neuronmodel_operator.builders.common import Target, selector_string, target_from_body, workload_name
+from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, LWS_SUFFIX, Target,
+                                                  selector_string, target_from_body, workload_name)
 from neuronmodel_operator.builders.service import endpoint
 from neuronmodel_operator.k8s import ApiError, Kube
 from neuronmodel_operator.resolve import OperatorDefaults, Resolved
@@ -46,7 +47,9 @@ log = logging.getLogger(__name__)
 #: Kinds of children, each listed by label when stale ones must go (a model switched to multi-node, a PDB no
 #: longer needed, the compile Job of an old key).
 CHILD_KINDS = ("ConfigMap", "Job", "Deployment", "LeaderWorkerSet", "Service", "PodDisruptionBudget",
-               "HorizontalPodAutoscaler")
+               "HorizontalPodAutoscaler", "ResourceClaimTemplate")
+#: Children named by their content that pods of older revisions may still use: deleted only once none does.
+REFERENCED_KINDS = ("ConfigMap", "ResourceClaimTemplate")
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 #: The label LeaderWorkerSet puts on the StatefulSets (and pods) of one LeaderWorkerSet.
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
@@ -93,8 +96,12 @@ def _owns_replicas(workload: dict, manager: str) -> bool:
     return False
 
 
-def _config_maps(pod_spec: Optional[dict]) -> set[str]:
-    return {v["configMap"]["name"] for v in (pod_spec or {}).get("volumes") or [] if v.get("configMap")}
+def _references(pod_spec: Optional[dict]) -> set[tuple[str, str]]:
+    """(kind, name) of the ConfigMaps and ResourceClaimTemplates a pod spec uses."""
+    spec = pod_spec or {}
+    return {("ConfigMap", v["configMap"]["name"]) for v in spec.get("volumes") or [] if v.get("configMap")} | \
+        {("ResourceClaimTemplate", c["resourceClaimTemplateName"]) for c in spec.get("resourceClaims") or []
+         if c.get("resourceClaimTemplateName")}
 
 
 def _templates(workload: dict) -> Iterable[Optional[dict]]:
@@ -142,6 +149,7 @@ class Reconcile:
         self._appliers = ThreadPoolExecutor(max_workers=parallel_applies, thread_name_prefix="apply")
         self._reported: dict[str, dict] = {}  # uid -> the last status written (only this operator writes it)
         self._switching: set[str] = set()  # uids whose old-kind workload serves until the new one is ready
+        self._hpas: dict[str, dict] = {}  # uid -> the HPA as last applied or seen (status reads its conditions)
 
     def __call__(self, namespace: str, name: str, cleanup: bool, body: Optional[dict] = None,
                  changed: Optional[Changes] = None) -> Outcome:
@@ -221,10 +229,18 @@ class Reconcile:
                 keep |= {(_kind(leaving), workload_name(leaving)),
                          ("ConfigMap", builders.runtime_configmap_name(leaving))}
             self._delete_stale(target, keep, full=cleanup)
+        hpa = next((obj for (kind, _), obj in applied.items() if kind == "HorizontalPodAutoscaler"), None)
+        self._remember_hpa(target, hpa)
         if not _awaiting_controller(workload):
             self._write_status(body, target.resolved, target, None, workload, job,
                                self._pods(target, workload), held)
         return Outcome(held=held)
+
+    def _remember_hpa(self, target: Target, hpa: Optional[dict]) -> None:
+        if hpa is not None and target.spec.autoscaling is not None:
+            self._hpas[target.uid] = hpa
+        else:
+            self._hpas.pop(target.uid, None)
 
     @staticmethod
     def _desired(serving: Target, leaving: Optional[Target], service_only: bool) -> list[dict]:
@@ -243,7 +259,7 @@ class Reconcile:
         """The live Deployment and LeaderWorkerSet of the model, by kind (one GET each)."""
         found = {}
         for kind, multi in (("Deployment", False), ("LeaderWorkerSet", True)):
-            name = target.name + (builders.common.LWS_SUFFIX if multi else "")
+            name = target.name + (LWS_SUFFIX if multi else "")
             obj = self.kube.get(kind, target.namespace, name)
             if obj is not None and any(ref.get("uid") == target.uid
                                        for ref in obj["metadata"].get("ownerReferences") or []):
@@ -280,6 +296,8 @@ class Reconcile:
                 live = self.kube.apply(wanted)
             if key == workload_key:
                 workload, status_changed = live, True
+            if key[0] == "HorizontalPodAutoscaler":
+                self._remember_hpa(target, live)
             status_changed |= key[0] in ("Pod", "HorizontalPodAutoscaler")
         if status_changed:
             if workload is None:
@@ -303,6 +321,7 @@ class Reconcile:
         """The NeuronModel is gone: drop what was remembered of it."""
         self._reported.pop(uid, None)
         self._switching.discard(uid)
+        self._hpas.pop(uid, None)
 
     def report_access_denied(self, body: dict, message: str) -> None:
         """Put a persisting 401/403 where users look: status.warnings (the next successful reconcile's status
@@ -319,6 +338,17 @@ class Reconcile:
         except ApiError as exc:
             log.error("%s/%s: could not report it either (%s)", meta["namespace"], meta["name"], exc)
 
+    def _hpa(self, target: Target) -> Optional[dict]:
+        """The model's HPA under spec.autoscaling (remembered, else read once), None without autoscaling."""
+        if target.spec.autoscaling is None:
+            return None
+        if target.uid not in self._hpas:
+            live = self.kube.get("HorizontalPodAutoscaler", target.namespace, target.name)
+            if live is None:
+                return None
+            self._hpas[target.uid] = live
+        return self._hpas[target.uid]
+
     def _previous(self, body: dict) -> dict:
         return self._reported.get(body["metadata"]["uid"]) or body.get("status") or {}
 
@@ -326,7 +356,7 @@ class Reconcile:
         """A succeeded compile Job of the target's compile key, None when there is none (or no Job is needed)."""
         if not target.resolved.compile_job:
             return None
-        selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_COMPONENT}={builders.common.COMPONENT_COMPILE}"
+        selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_COMPONENT}={COMPONENT_COMPILE}"
         return next((job for job in self.kube.list("Job", target.namespace, selector) if _succeeded(job) and
                      (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_COMPILE_KEY)
                      == target.resolved.compile_key), None)
@@ -337,34 +367,34 @@ class Reconcile:
         Spared: a runtime ConfigMap that a ReplicaSet, StatefulSet or pod of the model still refers to (an old pod
         restarting mid-rollout reads it)."""
         selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
-        in_use: Optional[set[str]] = None
-        for kind in CHILD_KINDS if full else ("Job", "ConfigMap"):
+        in_use: Optional[set[tuple[str, str]]] = None
+        for kind in CHILD_KINDS if full else ("Job", "ConfigMap", "ResourceClaimTemplate"):
             for child in self.kube.list(kind, target.namespace, selector):
                 meta = child["metadata"]
                 owned = any(ref.get("uid") == target.uid for ref in meta.get("ownerReferences") or [])
                 if not owned or (kind, meta["name"]) in keep:
                     continue
-                if kind == "ConfigMap" and meta["labels"].get(api.LABEL_COMPONENT) == builders.common.COMPONENT_SERVER:
+                if kind in REFERENCED_KINDS and meta["labels"].get(api.LABEL_COMPONENT) == COMPONENT_SERVER:
                     if in_use is None:
-                        in_use = self._config_maps_in_use(target)
-                    if meta["name"] in in_use:
+                        in_use = self._in_use(target)
+                    if (kind, meta["name"]) in in_use:
                         continue
                 log.info("deleting stale %s %s/%s", kind, target.namespace, meta["name"])
                 self.kube.delete(kind, target.namespace, meta["name"])
 
-    def _config_maps_in_use(self, target: Target) -> set[str]:
-        """Runtime ConfigMaps the model's ReplicaSets (every revision the Deployment keeps), LeaderWorkerSet
-        StatefulSets and pods refer to."""
-        pods_selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_COMPONENT}={builders.common.COMPONENT_SERVER}"
-        found: set[str] = set()
+    def _in_use(self, target: Target) -> set[tuple[str, str]]:
+        """The content-named children (runtime ConfigMaps, ResourceClaimTemplates) that the model's ReplicaSets
+        (every revision the Deployment keeps), LeaderWorkerSet StatefulSets and pods refer to."""
+        pods_selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_COMPONENT}={COMPONENT_SERVER}"
+        found: set[tuple[str, str]] = set()
         owners = self.kube.list("ReplicaSet", target.namespace, pods_selector) + \
             self.kube.list("StatefulSet", target.namespace,
-                           f"{LWS_NAME_LABEL}={target.name}{builders.common.LWS_SUFFIX}")
+                           f"{LWS_NAME_LABEL}={target.name}{LWS_SUFFIX}")
         for owner in owners:
             for pod_spec in _templates(owner):
-                found |= _config_maps(pod_spec)
+                found |= _references(pod_spec)
         for pod in self.kube.list("Pod", target.namespace, pods_selector):
-            found |= _config_maps(pod.get("spec"))
+            found |= _references(pod.get("spec"))
         return found
 
     def _write_status(self, body: dict, resolved: Optional[Resolved], target: Optional[Target],
@@ -380,7 +410,8 @@ class Reconcile:
             workload=workload, compile_job=job, compile_required=bool(resolved and resolved.compile_job),
             rollout_held=held, pods=pods, endpoint=endpoint(target) if target else "",
             selector=selector_string(target) if target else "", now=datetime.now(timezone.utc),
-            compile_cache_url=target.spec.compile_cache.url if target else None)
+            compile_cache_url=target.spec.compile_cache.url if target else None,
+            hpa=self._hpa(target) if target else None)
         current = status.status(observed)
         if current != previous:
             self.kube.patch_status(meta["namespace"], meta["name"], status.merge_patch(previous, current))

@@ -641,3 +641,16 @@ def test_runtime_config_maps_are_immutable_per_revision_and_kept_while_used(kube
     del kube.objects["ReplicaSet", NS, f"{NAME}-1"]  # the revision is gone from the Deployment's history
     reconcile(NS, NAME, cleanup=True)
     assert sorted(runtime_configmaps(kube)) == [new_name]
+
+
+def test_an_hpa_that_cannot_get_its_metric_shows_in_the_status(kube, reconcile):
+    autoscaled = {key: value for key, value in TORCH.items() if key != "replicas"}
+    kube.put(body({**autoscaled, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}}))
+    kube.statuses["HorizontalPodAutoscaler", NAME] = {"conditions": [
+        {"type": "AbleToScale", "status": "True", "reason": "SucceededGetScale"},
+        {"type": "ScalingActive", "status": "False", "reason": "FailedGetPodsMetric",
+         "message": "the HPA was unable to compute the replica count: unable to get metric queue"}]}
+    reconcile(NS, NAME, cleanup=True)
+    autoscaling = {c["type"]: c for c in kube.model()["status"]["conditions"]}["Autoscaling"]
+    assert autoscaling["status"] == "False" and autoscaling["reason"] == "FailedGetPodsMetric"
+    assert "unable to get metric" in autoscaling["message"]

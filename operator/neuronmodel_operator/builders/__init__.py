@@ -13,6 +13,7 @@ from neuronmodel_operator.builders.common import (Target, owner_reference, selec
 from neuronmodel_operator.builders.configmap import (config_hash, configmap, runtime_config, runtime_config_json,
                                                      runtime_configmap_name)
 from neuronmodel_operator.builders.deployment import deployment
+from neuronmodel_operator.builders.dra import resource_claim_template
 from neuronmodel_operator.builders.hpa import hpa
 from neuronmodel_operator.builders.job import compile_configmap, compile_job, compile_name
 from neuronmodel_operator.builders.leaderworkerset import leaderworkerset
@@ -25,20 +26,24 @@ __all__ = [
     "runtime_config", "runtime_config_json", "config_hash", "deployment", "leaderworkerset", "service", "endpoint",
     "compile_job", "pdb", "hpa", "pod_spec", "pod_template", "startup_budget_s", "owner_reference", "selector",
     "serving_selector", "selector_string", "workload_name", "workload_ref", "compile_name",
-    "runtime_configmap_name", "served_record",
+    "runtime_configmap_name", "served_record", "resource_claim_template",
 ]
 
 
 def serving_children(target: Target) -> list[dict[str, Any]]:
-    """The serving children in apply order: the ConfigMap before the pods that mount it, then the Deployment
-    (nodes == 1) or LeaderWorkerSet, the Service, the PDB and the HPA when wanted."""
+    """The serving children in apply order: the ConfigMap (and, on DRA, the ResourceClaimTemplate) before the pods
+    that use them, then the Deployment (nodes == 1) or LeaderWorkerSet, the Service, the PDB and the HPA when
+    wanted."""
     workload = leaderworkerset(target) if target.multi_node else deployment(target)
-    children = [configmap(target), workload, service(target), pdb(target), hpa(target)]
+    children = [configmap(target), resource_claim_template(target), workload, service(target), pdb(target),
+                hpa(target)]
     return [child for child in children if child is not None]
 
 
 def compile_children(target: Target) -> list[dict[str, Any]]:
-    """The compile ConfigMap and Job when the cache policy asks for a compile Job (resolved.compile_job), else []."""
+    """The compile ConfigMap and Job (and, on DRA, the ResourceClaimTemplate its pod uses) when the cache policy
+    asks for a compile Job (resolved.compile_job), else []."""
     if not target.resolved.compile_job:
         return []
-    return [compile_configmap(target), compile_job(target)]
+    return [child for child in (resource_claim_template(target), compile_configmap(target), compile_job(target))
+            if child is not None]
