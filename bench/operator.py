@@ -15,7 +15,7 @@ Figures (one JSON line each):
                                side is the mean of its runs, so a drift over the run (a growing etcd, a warming
                                API server, other load on the machine) cancels out.
   operator_create_N_s          first NeuronModel create request -> the last of its 3N children (ConfigMap
-                               `<name>-runtime`, Deployment and Service `<name>`) seen by the watches. The N
+                               `<name>-runtime-<hash>`, Deployment and Service `<name>`) seen by the watches. The N
                                NeuronModels are server-side applied by 8 client threads. Extra fields:
                                api_requests_per_model (apiserver_request_total over the round, until settled,
                                the controllers' requests included; compare direct's), operator_cpu_s and
@@ -76,7 +76,7 @@ from k8s import cluster, install  # noqa: E402
 from k8s.operator_process import OperatorProcess  # noqa: E402
 
 from neuronmodel_operator import api  # noqa: E402
-from neuronmodel_operator.builders import Target, serving_children  # noqa: E402
+from neuronmodel_operator.builders import Target, runtime_configmap_name, serving_children  # noqa: E402
 from neuronmodel_operator.k8s import Kube, connect  # noqa: E402
 from neuronmodel_operator.resolve import OperatorDefaults, resolve  # noqa: E402
 
@@ -186,8 +186,20 @@ class Watches:
                 self.lock.wait(min(left, 1.0))
 
 
+#: The operator's settings, as the arm runs it (a node path is the tiny model's source).
+DEFAULTS = OperatorDefaults(image=IMAGE, hpa_metric=api.DEFAULT_HPA_METRIC, allow_host_path=True)
+
+
+def bench_target(namespace: str, name: str, index: int = 0) -> Target:
+    spec = api.parse_spec(SPEC)
+    return Target(name=name, namespace=namespace, uid=f"00000000-0000-0000-0000-{index:012d}", spec=spec,
+                  resolved=resolve(spec, DEFAULTS))
+
+
 def children_of(namespace: str, name: str) -> list[tuple[str, str, str]]:
-    return [(namespace, "ConfigMap", f"{name}-runtime"), (namespace, "Deployment", name), (namespace, "Service", name)]
+    """The 3 children a NeuronModel gets (its runtime ConfigMap is named by its content)."""
+    config_map = runtime_configmap_name(bench_target(namespace, name))
+    return [(namespace, "ConfigMap", config_map), (namespace, "Deployment", name), (namespace, "Service", name)]
 
 
 def model_names(start: int, stop: int) -> list[str]:
@@ -196,13 +208,9 @@ def model_names(start: int, stop: int) -> list[str]:
 
 def direct_manifests(namespace: str, names: list[str]) -> list[dict]:
     """What the operator would apply for each name, by its own builders, minus ownerReferences, relabelled."""
-    spec = api.parse_spec(SPEC)
-    resolved = resolve(spec, OperatorDefaults(image=IMAGE, hpa_metric=api.DEFAULT_HPA_METRIC))
     manifests = []
     for i, name in enumerate(names):
-        target = Target(name=name, namespace=namespace, uid=f"00000000-0000-0000-0000-{i:012d}", spec=spec,
-                        resolved=resolved)
-        for child in serving_children(target):
+        for child in serving_children(bench_target(namespace, name, i)):
             child["metadata"].pop("ownerReferences", None)
             child["metadata"]["labels"][api.LABEL_MANAGED_BY] = "bench-direct"
             manifests.append(child)

@@ -197,6 +197,23 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "reconcile: hf:// revisions resolved again at every reconcile (replicas fetch whatever main is then)",
+        "reconcile.py",
+        'known = ((self._previous(body).get("resolved") or {}).get("revisions")) or {}', "known = {}",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: hf:// sources left unpinned (each pod resolves main when it starts)", "reconcile.py",
+        "        target = target_from_body(body, self.defaults, pin)\n",
+        "        target = target_from_body(body, self.defaults)\n",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "status: a LeaderWorkerSet without observedGeneration (v0.7) read as never caught up", "status.py",
+        'if "observedGeneration" in state or workload.get("kind") != "LeaderWorkerSet":', "if True:",
+        STATUS, OPERATOR,
+    ),
+    Mutation(
         "handlers: retries at a fixed delay (no exponential backoff)", "handlers.py",
         "delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (max(attempt, 1) - 1))", "delay = RETRY_BASE_S",
         HANDLERS, OPERATOR,

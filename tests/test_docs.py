@@ -25,7 +25,8 @@ from neuronmodel_operator import api, devices, images
 from neuronmodel_operator.builders import job, pod
 from neuronmodel_operator.builders.hpa import hpa as build_hpa
 from neuronmodel_operator.builders.service import endpoint, service as build_service
-from neuronmodel_operator.builders.common import compile_name, target_from_body
+from neuronmodel_operator.builders import compile_name, runtime_configmap_name
+from neuronmodel_operator.builders.common import target_from_body
 from neuronmodel_operator.resolve import OperatorDefaults
 from neuronmodel_runtime import compile_job
 
@@ -96,7 +97,7 @@ def test_the_cpu_dry_run_is_the_torch_runner_on_any_node():
     assert smol.spec.framework == "torch" and smol.spec.instance_type is None
     assert smol.spec.model.source.startswith("hf://HuggingFaceTB/SmolLM2-135M-Instruct")
     assert smol.resolved.neuron_resources == {} and smol.resolved.instance_family is None
-    assert "tolerations" not in pod.pod_spec(smol, pod.SERVE_COMMAND, "serve")  # no Neuron taint to tolerate
+    assert "tolerations" not in pod.pod_spec(smol, pod.SERVE_COMMAND, "serve", runtime_configmap_name(smol))  # no Neuron taint to tolerate
     assert smol.resolved.image == images.default_image(None, "torch")
     tiny = yaml.safe_load((ROOT / "crds" / "samples" / "tiny-torch.yaml").read_text())
     assert "`crds/samples/tiny-torch.yaml`" in TEXT and f"(`{tiny['spec']['model']['source']}`)" in TEXT
@@ -114,9 +115,9 @@ def test_the_first_model_resolves_to_what_the_page_says():
     instance = devices.INSTANCE_TYPES["inf2.xlarge"]
     assert instance.cores(1) == 2 and llama.resolved.devices_per_pod == 1
     assert llama.resolved.compile_job and llama.spec.compile_cache.policy == "IfNotCached"
-    assert compile_name(llama) == f"llama-1b-compile-{llama.resolved.compile_key[:10]}"
-    assert "`llama-1b-compile-<key>`" in TEXT
-    placed = pod.pod_spec(llama, pod.SERVE_COMMAND, "serve")
+    assert compile_name(llama).startswith("llama-1b-compile-")
+    assert "`llama-1b-compile-<hash>`" in TEXT
+    placed = pod.pod_spec(llama, pod.SERVE_COMMAND, "serve", runtime_configmap_name(llama))
     assert placed["nodeSelector"] == {devices.INSTANCE_TYPE_LABEL: "inf2.xlarge"}
     assert {"key": devices.NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in placed["tolerations"]
     assert (f"tolerate the taint `{devices.NEURON_TAINT_KEY}` (operator `Exists`, effect `NoSchedule`)" in WORDS)
@@ -130,13 +131,13 @@ def test_the_runtime_pods_service_account_is_what_the_page_says():
     name = llama.spec.service_account_name
     assert name == "neuronmodel-cache"
     for role, command in (("serve", pod.SERVE_COMMAND), ("compile", pod.COMPILE_COMMAND)):
-        placed = pod.pod_spec(llama, command, role)
+        placed = pod.pod_spec(llama, command, role, runtime_configmap_name(llama))
         assert placed["serviceAccountName"] == name, role
         assert placed["automountServiceAccountToken"] is False
     assert job.compile_job(llama)["spec"]["template"]["spec"]["serviceAccountName"] == name
     # Without spec.serviceAccountName the pods name none: Kubernetes runs them as the namespace's `default`.
     smol = target(model("smollm2"))
-    assert "serviceAccountName" not in pod.pod_spec(smol, pod.SERVE_COMMAND, "serve")
+    assert "serviceAccountName" not in pod.pod_spec(smol, pod.SERVE_COMMAND, "serve", runtime_configmap_name(smol))
     assert "without it, as the namespace's `default` ServiceAccount" in WORDS
     assert "`automountServiceAccountToken: false`" in TEXT
     # The commands create and bind that very ServiceAccount, in the models' namespace.

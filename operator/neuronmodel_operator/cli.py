@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import kopf
 
-from neuronmodel_operator import api, handlers, images
+from neuronmodel_operator import api, crd_check, devices, handlers, images
 from neuronmodel_operator.k8s import Kube, connect
 from neuronmodel_operator.reconcile import Reconcile
 from neuronmodel_operator.resolve import OperatorDefaults
@@ -76,6 +76,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-cache-policy", choices=("IfNotCached", "Always", "Never"),
                    default=_env("COMPILE_CACHE_POLICY", "IfNotCached"),
                    help="its policy (env NEURONMODEL_OPERATOR_COMPILE_CACHE_POLICY)")
+    p.add_argument("--neuron-scheduler-name", default=_env("NEURON_SCHEDULER_NAME", devices.NEURON_SCHEDULER_NAME),
+                   help="scheduler of pods that take more than one but not all of a node's NeuronCores or devices: "
+                   "the Neuron scheduler extension's, which picks contiguous ones; '' for none (such models then "
+                   "carry a warning); spec.schedulerName overrides it (env "
+                   "NEURONMODEL_OPERATOR_NEURON_SCHEDULER_NAME)")
+    p.add_argument("--allow-host-path", action=argparse.BooleanOptionalAction,
+                   default=_env("ALLOW_HOST_PATH", "") in ("1", "true"),
+                   help="serve NeuronModels whose model, draft or compile cache is a node path (a hostPath volume); "
+                   "off: they fail naming this flag. For single-node and development clusters (env "
+                   "NEURONMODEL_OPERATOR_ALLOW_HOST_PATH)")
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8081")),
                    help="port of the operator's Prometheus /metrics, 0 for none (env "
                    "NEURONMODEL_OPERATOR_METRICS_PORT)")
@@ -89,11 +99,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def operator_defaults(args: argparse.Namespace) -> OperatorDefaults:
-    """What fills the specs' unset fields: the runtime image (one for all, or chosen per family), the HPA metric and
-    the compile cache.
+    """What fills the specs' unset fields and shapes every model's pods: the runtime image (one for all, or chosen
+    per family), the HPA metric, the compile cache, the Neuron scheduler's name and whether node paths are served.
 
     Raises:
-        api.SpecError: --compile-cache-url is not a cache URL (the message names it).
+        api.SpecError: --compile-cache-url is not a cache URL, or a node path without --allow-host-path (the
+            message names the flags).
     """
     cache = None
     if args.compile_cache_url:
@@ -101,10 +112,14 @@ def operator_defaults(args: argparse.Namespace) -> OperatorDefaults:
             raise api.SpecError(f"--compile-cache-url (NEURONMODEL_OPERATOR_COMPILE_CACHE_URL) "
                                 f"{args.compile_cache_url!r} must be s3://bucket/prefix, pvc://claim/path or an "
                                 "absolute path")
+        if args.compile_cache_url.startswith("/") and not args.allow_host_path:
+            raise api.SpecError(f"--compile-cache-url {args.compile_cache_url!r} is a node path: also pass "
+                                "--allow-host-path (NEURONMODEL_OPERATOR_ALLOW_HOST_PATH=true), or use s3:// or pvc://")
         cache = api.CompileCache(url=args.compile_cache_url, policy=args.compile_cache_policy)
     return OperatorDefaults(image=args.runtime_image, hpa_metric=args.hpa_metric,
                             image_repository=args.runtime_image_repository, image_version=args.runtime_image_version,
-                            compile_cache=cache)
+                            compile_cache=cache, neuron_scheduler_name=args.neuron_scheduler_name or None,
+                            allow_host_path=args.allow_host_path)
 
 
 def peering_priority(args: argparse.Namespace) -> int:
@@ -138,6 +153,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = kopf.OperatorSettings()
     handlers.configure(settings, client_timeout_s=args.watch_timeout_s)
     try:
+        crd_check.check(Kube(connect(args.kubeconfig)))  # an old CRD would prune the fields it lacks, silently
         asyncio.run(kopf.operator(
             registry=handlers.registry, settings=settings, memo=memo(args),
             standalone=not args.peering, peering_name=args.peering or None, priority=peering_priority(args),

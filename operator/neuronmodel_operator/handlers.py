@@ -1,9 +1,14 @@
 """kopf glue: which events reconcile which NeuronModel, and the kopf settings, chosen deliberately.
 
-- NeuronModel create / update / resume run one reconcile and report its outcome to kopf: an API error that
-  heals by itself, or a child the API server refused, is a `kopf.TemporaryError` (retried with exponential backoff
-  and jitter, capped: `backoff_s`); a spec the operator cannot serve is a `kopf.PermanentError` (after the Failed
-  condition and an Event are written; no retry until the spec changes). A 401/403 that persists for
+- Every NeuronModel event keeps the latest copy of the object; one with a generation (or uid) not handled yet by
+  this process runs a full reconcile: a new object, an edited spec, or each object once after the operator
+  starts (kopf lists them first). Status writes and metadata edits keep the generation: they cost nothing. This is
+  one raw event handler, not kopf's create/update/resume handlers: those persist their progress and the
+  last-handled spec by patching the NeuronModel after every run, one more write and one more watch event per
+  change (bench/operator.py measured them), for state the generation already gives.
+- Failures are retried in the background with exponential backoff and jitter, capped (`backoff_s`): an API error
+  that heals by itself, or a child the API server refused. A spec the operator cannot serve is not retried (the
+  Failed condition and an Event are written) until its generation changes. A 401/403 that persists for
   ACCESS_DENIED_REPORT_AFTER attempts is put in status.warnings and a Warning Event: RBAC drift is visible.
 - Any event of a child (Deployment, LeaderWorkerSet, Job, Service, ConfigMap, PDB, HPA, serving Pod), found by
   the `managed-by` label, refreshes its owner (`reconcile.py`): a deleted or hand-edited child is restored within
@@ -12,8 +17,7 @@
   own watch, so a refresh that finds nothing drifted and no status change makes no request at all.
 - No delete handler, timer or daemon: each would make kopf add a finalizer, and deleting a NeuronModel while the
   operator is down would hang. Children are deleted by the garbage collector through their ownerReferences.
-- Progress and the last-handled spec live in annotations under `neuronmodel.dev/` (a structural schema would
-  prune kopf's status fields); kopf's own Events ("Handler succeeded") are off, ours say what happened.
+- kopf's own Events ("Handler succeeded") are off, ours say what happened.
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ class Reconciler:
     kicked: set[Key] = field(default_factory=set)  # a refresh is queued for these
     changes: dict[Key, Changes] = field(default_factory=dict)  # children whose events the queued refresh sees
     models: dict[Key, dict] = field(default_factory=dict)  # the latest copy of each NeuronModel the watch showed
+    handled: dict[Key, tuple[str, int]] = field(default_factory=dict)  # (uid, generation) given a full run
+    reconciled: set[str] = field(default_factory=set)  # uids this process has run a full reconcile of
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed runs (the backoff's attempt)
     denied: dict[Key, int] = field(default_factory=dict)  # consecutive 401/403 answers
     metrics: OperatorMetrics = field(init=False)  # served by the CLI on --metrics-port
@@ -101,6 +107,8 @@ class Reconciler:
             finally:
                 self.metrics.observe(result, time.monotonic() - started)
         self.denied.pop(key, None)
+        if changed is None and body is not None:
+            self.reconciled.add(body["metadata"]["uid"])
         if outcome.child_error:
             self.failures[key] = self.failures.get(key, 0) + 1
         else:
@@ -134,14 +142,37 @@ class Reconciler:
             self.kicked.add(key)
             asyncio.get_running_loop().create_task(self._background(key, full=False))
 
-    def retry(self, key: Key) -> None:
-        asyncio.get_running_loop().create_task(self._background(key, full=True))
+    def seen(self, key: Key, event: dict) -> None:
+        """A NeuronModel's watch event: keep its latest copy; a full reconcile of a generation not handled yet."""
+        body = event["object"]
+        meta = body["metadata"]
+        if event.get("type") == "DELETED":
+            self.models.pop(key, None)
+            self.handled.pop(key, None)
+            self.reconciled.discard(meta["uid"])
+            self.reconcile.forget(meta["uid"])
+            return
+        self.models[key] = body
+        stamp = (meta["uid"], meta.get("generation", 1))
+        if self.handled.get(key) == stamp:
+            return  # our own status write, a label edit: the spec is what the last full run saw
+        self.handled[key] = stamp
+        # Stale children (a PDB no longer wanted, a kind switched) exist only where a reconcile ran before: in this
+        # process, or in an earlier one (it wrote status.observedGeneration). A new object has none to list.
+        cleanup = meta["uid"] in self.reconciled or bool((body.get("status") or {}).get("observedGeneration"))
+        asyncio.get_running_loop().create_task(
+            self._background(key, full=True, cleanup=cleanup, body=copy.deepcopy(body)))
 
-    async def _background(self, key: Key, full: bool) -> None:
-        """A queued refresh (or, after a failure, a full run), its errors logged and retried: never raised."""
+    def retry(self, key: Key) -> None:
+        asyncio.get_running_loop().create_task(self._background(key, full=True, cleanup=True))
+
+    async def _background(self, key: Key, full: bool, cleanup: bool = True, body: Optional[dict] = None) -> None:
+        """A full run or a queued refresh, its errors logged and retried with backoff: never raised."""
         try:
             if full:
-                await self.run(key, cleanup=False)
+                outcome = await self.run(key, cleanup=cleanup, body=body)
+                if outcome.child_error:
+                    self._retry_later(key, outcome.child_error)
                 return
             async with self.locks.setdefault(key, asyncio.Lock()):
                 self.kicked.discard(key)
@@ -167,9 +198,6 @@ class Reconciler:
 
 
 def configure(settings: kopf.OperatorSettings, client_timeout_s: float) -> None:
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=api.ANNOTATION_PREFIX, key="last-handled-configuration")
     settings.persistence.finalizer = f"{api.GROUP}/kopf-finalizer"  # unused: no handler needs one (see above)
     settings.posting.enabled = False
     # kopf on Python 3.10 has no inactivity timeout (it needs asyncio.timeout, bookmarks or not): a client-side
@@ -201,31 +229,9 @@ def login(**kwargs: Any) -> Any:
     return info or kopf.login_with_kubeconfig(**kwargs)
 
 
-@kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
-@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
-@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec", registry=registry)
-async def reconcile_model(namespace: str, name: str, body: Any, reason: str, memo: Any, **_: Any) -> None:
-    # A new object has no stale children to look for; a changed or resumed one may.
-    reconciler, key = memo.reconciler, (namespace, name)
-    try:
-        outcome = await reconciler.run(key, cleanup=reason != "create", body=copy.deepcopy(dict(body)))
-    except ApiError as exc:
-        raise kopf.TemporaryError(f"the API server failed ({exc}); retrying",
-                                  delay=reconciler.retry_delay_s(key)) from None
-    if outcome.child_error:
-        raise kopf.TemporaryError(f"{outcome.child_error}; retrying", delay=reconciler.retry_delay_s(key))
-    if outcome.spec_error:
-        raise kopf.PermanentError(outcome.spec_error)
-
-
-@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry, id="model-cache")
-async def model_seen(namespace: str, name: str, event: dict, memo: Any, **_: Any) -> None:
-    """Keep the latest copy of every NeuronModel: a child event then reconciles without reading its owner."""
-    if event.get("type") == "DELETED":
-        memo.reconciler.models.pop((namespace, name), None)
-        memo.reconciler.reconcile.forget(event["object"]["metadata"]["uid"])
-    else:
-        memo.reconciler.models[(namespace, name)] = event["object"]
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry, id="model")
+async def model_changed(namespace: str, name: str, event: dict, memo: Any, **_: Any) -> None:
+    memo.reconciler.seen((namespace, name), event)
 
 
 def _on_child_event(group: str, version: str, plural: str) -> None:

@@ -28,13 +28,14 @@ NeuronModel's freshest copy to know what it already reported.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Optional
 
-from neuronmodel_operator import api, builders, status
+from neuronmodel_operator import api, builders, revisions, status
 from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, LWS_SUFFIX, Target,
                                                   selector_string, target_from_body, workload_name)
 from neuronmodel_operator.builders.service import endpoint
@@ -129,13 +130,16 @@ Changes = dict[tuple[str, str], Optional[dict]]
 
 
 def _awaiting_controller(workload: Optional[dict]) -> bool:
-    """A Deployment whose controller has not yet observed the generation just applied: its status says nothing
+    """A workload whose controller has not yet observed the generation just applied: its status says nothing
     about this spec yet, and the controller's next status write (an event that refreshes the status) will. Writing
-    the status now would cost one more NeuronModel write, and one more kopf event, per change."""
-    if workload is None or workload.get("kind") != "Deployment":
+    the status now would cost one more NeuronModel write, and one more kopf event, per change. Only where the
+    status says so: LeaderWorkerSet before v0.9 publishes no observedGeneration (status.py reads its conditions)."""
+    if workload is None:
         return False
-    observed = (workload.get("status") or {}).get("observedGeneration", 0)
-    return observed < workload["metadata"].get("generation", 1)
+    state = workload.get("status") or {}
+    if workload.get("kind") == "Deployment":
+        return state.get("observedGeneration", 0) < workload["metadata"].get("generation", 1)
+    return "observedGeneration" in state and state["observedGeneration"] < workload["metadata"].get("generation", 1)
 
 
 class Reconcile:
@@ -161,10 +165,13 @@ class Reconcile:
                 self.forget(body["metadata"]["uid"])
             return Outcome(gone=True)  # children go with it through their ownerReferences
         try:
-            target = target_from_body(body, self.defaults)
+            target = self._target(body)
         except api.SpecError as exc:
             self._write_status(body, None, None, str(exc), None, None, [], held=False)
             return Outcome(spec_error=str(exc))
+        except revisions.HubUnavailable as exc:
+            log.warning("%s/%s: %s", namespace, name, exc)
+            return Outcome(child_error=str(exc))  # retried with backoff; nothing is changed meanwhile
         resolved = target.resolved
         switching = target.uid in self._switching
         try:
@@ -179,6 +186,26 @@ class Reconcile:
             message = f"the API server refused a child of this NeuronModel: {exc.message}"
             self._write_status(body, resolved, target, message, None, None, [], held=False)
             return Outcome(child_error=message)
+
+    def _target(self, body: dict) -> Target:
+        """The Target of `body`, its hf:// sources pinned to commits: the ones recorded in the status are reused,
+        any other is resolved now, once (revisions.py), and recorded in status.resolved with the rest."""
+        known = ((self._previous(body).get("resolved") or {}).get("revisions")) or {}
+        pins: dict[str, str] = {}
+
+        def pin(spec: api.NeuronModelSpec) -> api.NeuronModelSpec:
+            pinned, used = revisions.pin(spec, known)
+            pins.update(used)
+            return pinned
+
+        target = target_from_body(body, self.defaults, pin)
+        draft = target.spec.speculation.draft_model
+        hf = "hf://"
+        resolved = dataclasses.replace(
+            target.resolved, revisions=pins,
+            model_revision=target.spec.model.revision if target.spec.model.source.startswith(hf) else None,
+            draft_revision=draft.revision if draft is not None and draft.source.startswith(hf) else None)
+        return dataclasses.replace(target, resolved=resolved)
 
     def _apply(self, body: dict, target: Target, cleanup: bool) -> Outcome:
         # A compile key that a Job (of any template) has compiled needs no new Job: an edit outside the key rolls

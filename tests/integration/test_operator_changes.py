@@ -25,6 +25,23 @@ ONE_CORE_PAIR = {"model": {"source": "s3://models/tiny"}, "framework": "nxdi", "
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 
 
+def settled(api, name: str, timeout: float = 90) -> dict:
+    """The model once it is Ready at its current generation (a Ready of the previous spec does not count)."""
+    def done():
+        body = api.get(name)
+        state = body.get("status") or {}
+        return body if state.get("phase") == "Ready" and \
+            state.get("observedGeneration") == body["metadata"]["generation"] else None
+    try:
+        return api.wait_until(f"{name} Ready at its generation", done, timeout)
+    except TimeoutError:
+        raise AssertionError(f"{name} never settled: status {api.get(name).get('status')}") from None
+
+
+def ready_count(api, name: str) -> int:
+    return (api.get(name).get("status") or {}).get("readyReplicas", 0)
+
+
 def jobs(api) -> list[str]:
     return sorted(job.metadata.name for job in api.batch.list_namespaced_job(api.ns).items)
 
@@ -74,8 +91,7 @@ def test_everyday_edits_on_a_cached_model_roll_without_a_compile(api, wait_until
     for edit, landed in edits:
         api.patch("edited", edit)
         wait_until(f"{edit} in the Deployment", lambda: landed(api.deployment("edited").spec.template.spec), 30)
-        body = api.phase("edited", "Ready", timeout=90)
-        assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
+        settled(api, "edited")
         assert jobs(api) == compiled, edit  # the compile key did not change: nothing to compile
     assert api.core.read_namespaced_service("edited", api.ns).spec.ports[0].port == 9000
     never_failed(api, "edited")
@@ -84,10 +100,11 @@ def test_everyday_edits_on_a_cached_model_roll_without_a_compile(api, wait_until
 def test_an_edit_during_a_compile_replaces_the_job(api, wait_until):
     api.apply(neuronmodel("recompile", ONE_CORE_PAIR))
     api.phase("recompile", "Ready", timeout=120)
+    compiled = jobs(api)
     api.patch("recompile", {"batching": {"maxSeqLen": 4096}})  # a new key; its Job waits for the cores
-    first = wait_until("the new key's Job", lambda: len(jobs(api)) == 2 and jobs(api), 30)
+    first = wait_until("the new key's Job", lambda: (found := jobs(api)) != compiled and len(found) == 1 and found, 30)
     api.patch("recompile", {"resources": {"requests": {"memory": "12Gi"}}})  # its pod template changes
-    wait_until("the Job replaced", lambda: len(jobs(api)) == 2 and jobs(api) != first, 30)
+    wait_until("the Job replaced", lambda: (found := jobs(api)) != first and len(found) == 1, 30)
     body = api.phase("recompile", "Compiling")
     assert {c["type"]: c["status"] for c in body["status"]["conditions"]}["Available"] == "True"
     never_failed(api, "recompile")
@@ -97,7 +114,7 @@ def test_an_operator_upgrade_compiles_first_while_the_old_pods_serve(api, operat
                                                                      wait_until):
     def operator_at(version: str) -> OperatorProcess:
         process = OperatorProcess(operator_rbac.kubeconfig, control_plane.data_dir / "logs" / f"operator-{version}.log",
-                                  None, "--runtime-image-version", version, "--allow-host-path")
+                                  None, "--runtime-image-version", version)
         process.start(timeout=60)
         return process
 
@@ -146,12 +163,12 @@ def test_a_workload_kind_change_serves_until_the_new_one_is_ready(api, wait_unti
     assert all(old for old, new_ready, _ in seen if not new_ready), seen  # never removed before the new was ready
     selector = api.core.read_namespaced_service("kind", api.ns).spec.selector
     assert (WORKER_INDEX in selector) == (after > 1)
-    api.phase("kind", "Ready", timeout=60)
+    settled(api, "kind", timeout=60)
 
 
 def test_replicas_to_autoscaling_keeps_the_serving_pods(api, wait_until):
     api.apply(neuronmodel("scaling", {**TINY_SPEC, "replicas": 3}))
-    wait_until("3 ready", lambda: api.get("scaling")["status"].get("readyReplicas") == 3, 90)
+    wait_until("3 ready", lambda: ready_count(api, "scaling") == 3, 90)
     autoscaled = {key: value for key, value in TINY_SPEC.items() if key != "replicas"}
     api.apply(neuronmodel("scaling", {**autoscaled, "autoscaling": {"minReplicas": 1, "maxReplicas": 6}}))
     autoscaling = kube.AutoscalingV2Api(api.apps.api_client)
@@ -179,7 +196,7 @@ def config_map_of(pod_spec) -> str:
 
 def test_an_old_pod_restarted_mid_rollout_reads_its_own_config(api, wait_until):
     api.apply(neuronmodel("rolling", {**TINY_SPEC, "replicas": 2}))
-    wait_until("2 ready", lambda: api.get("rolling")["status"].get("readyReplicas") == 2, 90)
+    wait_until("2 ready", lambda: ready_count(api, "rolling") == 2, 90)
     old_config = config_map_of(api.deployment("rolling").spec.template.spec)
     # a new config whose pods cannot be placed: the rollout stops half-way, the old pods keep serving
     api.patch("rolling", {"batching": {"maxBatchSize": 4}, "nodeSelector": {"example.com/no-such-node": "true"}})

@@ -183,8 +183,7 @@ def test_labels_and_annotations_are_under_our_prefix_or_the_standard_ones():
     assert api.LABEL_COMPONENT == "app.kubernetes.io/component"
     assert api.LABEL_APP_NAME == "app.kubernetes.io/name"
     assert api.LABEL_INSTANCE == "app.kubernetes.io/instance"
-    assert api.ANNOTATION_PREFIX == "neuronmodel.dev"
-    for annotation in (api.ANNOTATION_COMPILE_KEY, api.ANNOTATION_CONFIG_HASH, api.ANNOTATION_SERVED_SPEC):
+    for annotation in (api.ANNOTATION_COMPILE_KEY, api.ANNOTATION_SERVED, api.ANNOTATION_SERVED_SPEC):
         assert annotation.startswith("neuronmodel.dev/")
     assert api.FIELD_MANAGER == "neuronmodel-operator"
     assert api.ENV_RUNTIME_IMAGE == "NEURONMODEL_RUNTIME_IMAGE"

@@ -85,3 +85,58 @@ def test_other_api_errors_are_not_reported_as_access_denied():
     reconcile = ScriptedReconcile(*[ApiError(503, "etcd leader changed")] * 5)
     run(reconcile, attempts=5)
     assert reconcile.reported == []
+
+
+class RecordingReconcile(ScriptedReconcile):
+    """Records each run's (cleanup, changed) and the uids it forgot."""
+
+    def __init__(self):
+        super().__init__()
+        self.runs: list[tuple[bool, object]] = []
+        self.forgotten: list[str] = []
+
+    def __call__(self, namespace, name, cleanup, body=None, changed=None):
+        self.runs.append((cleanup, changed))
+        return super().__call__()
+
+    def forget(self, uid):
+        self.forgotten.append(uid)
+
+
+def model(generation: int, observed=None, uid: str = "u-1") -> dict:
+    status = {"observedGeneration": observed} if observed else {}
+    return {"metadata": {"name": "llama", "namespace": "team", "uid": uid, "generation": generation},
+            "status": status}
+
+
+def events(*seen: tuple) -> RecordingReconcile:
+    """Feed NeuronModel watch events to a Reconciler, let its background runs finish; the runs it made."""
+    reconcile = RecordingReconcile()
+
+    async def main():
+        reconciler = handlers.Reconciler(reconcile, ThreadPoolExecutor(max_workers=1))
+        for kind, body in seen:
+            reconciler.seen(KEY, {"type": kind, "object": body})
+            await asyncio.sleep(0.05)
+    asyncio.run(main())
+    return reconcile
+
+
+def test_a_new_model_runs_once_without_looking_for_stale_children():
+    reconcile = events(("ADDED", model(1)), ("MODIFIED", model(1, observed=1)))  # then our own status write
+    assert reconcile.runs == [(False, None)]
+
+
+def test_an_edit_runs_in_full_with_the_stale_children_cleanup():
+    reconcile = events(("ADDED", model(1)), ("MODIFIED", model(1, observed=1)), ("MODIFIED", model(2, observed=1)))
+    assert reconcile.runs == [(False, None), (True, None)]
+
+
+def test_a_restarted_operator_resumes_each_model_once_with_cleanup():
+    reconcile = events((None, model(3, observed=3)), ("MODIFIED", model(3, observed=3)))
+    assert reconcile.runs == [(True, None)]
+
+
+def test_a_deleted_and_recreated_model_is_new_again():
+    reconcile = events(("ADDED", model(1)), ("DELETED", model(1)), ("ADDED", model(1, uid="u-2")))
+    assert reconcile.runs == [(False, None), (False, None)] and reconcile.forgotten == ["u-1"]

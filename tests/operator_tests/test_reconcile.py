@@ -8,6 +8,7 @@ import json
 from typing import Optional
 
 import pytest
+from fake_hf_hub import FakeHub
 
 from neuronmodel_operator import api
 from neuronmodel_operator.k8s import ApiError
@@ -218,6 +219,23 @@ def runtime_configmaps(kube: FakeKube) -> dict[str, dict]:
 def config_map_of(workload: dict) -> str:
     (name,) = [v["configMap"]["name"] for v in workload["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
     return name
+
+
+HF_REPO = "meta-llama/Llama-3.2-1B-Instruct"  # NEURON_A's model, unpinned
+
+
+@pytest.fixture(scope="module")
+def running_hub():
+    with FakeHub(HF_REPO, {"config.json": b"{}"}) as hub:
+        yield hub
+
+
+@pytest.fixture(autouse=True)
+def hub(running_hub, monkeypatch):
+    """The Hub the operator pins hf:// sources against (a mirror at HF_ENDPOINT), main at its first commit."""
+    monkeypatch.setattr(running_hub, "commit", running_hub.commit)  # put back after a test moves main
+    monkeypatch.setenv("HF_ENDPOINT", running_hub.url)
+    return running_hub
 
 
 @pytest.fixture
@@ -654,3 +672,31 @@ def test_an_hpa_that_cannot_get_its_metric_shows_in_the_status(kube, reconcile):
     autoscaling = {c["type"]: c for c in kube.model()["status"]["conditions"]}["Autoscaling"]
     assert autoscaling["status"] == "False" and autoscaling["reason"] == "FailedGetPodsMetric"
     assert "unable to get metric" in autoscaling["message"]
+
+
+def fetched_revisions(workload: dict) -> list[str]:
+    inits = workload["spec"]["template"]["spec"].get("initContainers") or []
+    return [init["command"][init["command"].index("--revision") + 1] for init in inits]
+
+
+def test_an_unpinned_hf_source_is_pinned_once_and_every_replica_fetches_that_commit(kube, reconcile, hub):
+    job_a, deployment_a = serve_a(kube, reconcile)
+    first = hub.commit
+    resolved = kube.model()["status"]["resolved"]
+    assert resolved["modelRevision"] == first and resolved["revisions"] == {f"hf://{HF_REPO}@": first}
+    assert fetched_revisions(deployment_a) == [first] and fetched_revisions(job_a) == [first]
+    hub.commit = "feed" * 10  # main moves on the Hub
+    set_spec(kube, {**NEURON_A, "replicas": 3})  # a scale-up: the new pods must fetch the same weights
+    reconcile(NS, NAME, cleanup=True)
+    deployment = kube.one("Deployment")
+    assert deployment["spec"]["replicas"] == 3 and fetched_revisions(deployment) == [first]
+    assert template_key(deployment) == job_key(job_a)  # the same compile key: nothing compiles again
+    assert kube.model()["status"]["resolved"]["modelRevision"] == first
+
+
+def test_a_hub_that_does_not_answer_is_retried_not_failed(kube, reconcile, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    kube.put(body(NEURON_A))
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert outcome.child_error and not outcome.spec_error
+    assert kube.children() == {} and "status" not in kube.model()

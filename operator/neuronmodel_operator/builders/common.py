@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from neuronmodel_operator import api
 from neuronmodel_operator.api import NeuronModelSpec
@@ -49,14 +49,18 @@ class Target:
         return self.spec.parallelism.nodes > 1
 
 
-def target_from_body(body: Mapping[str, Any], defaults: OperatorDefaults) -> Target:
-    """The Target of a NeuronModel object (as kopf or the API server hands it over).
+def target_from_body(body: Mapping[str, Any], defaults: OperatorDefaults,
+                     pin: Optional[Callable[[NeuronModelSpec], NeuronModelSpec]] = None) -> Target:
+    """The Target of a NeuronModel object (as kopf or the API server hands it over). `pin` rewrites the parsed spec
+    before it is resolved (reconcile pins hf:// revisions to commits with it, so the compile key has the commit).
 
     Raises:
         api.SpecError: the spec is invalid or cannot be served (the message names the field and the fix).
     """
     metadata = body["metadata"]
     spec = defaults.filled(api.parse_spec(body.get("spec") or {}))
+    if pin is not None:
+        spec = pin(spec)
     return Target(name=metadata["name"], namespace=metadata["namespace"], uid=metadata["uid"], spec=spec,
                   resolved=resolve(spec, defaults), hpa_metric=defaults.hpa_metric)
 
