@@ -42,8 +42,7 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 APP_NAME = "neuronmodel"
 
-# Annotations written by the operator (kopf's progress storage uses the same prefix).
-ANNOTATION_PREFIX = GROUP
+# Annotations written by the operator.
 ANNOTATION_COMPILE_KEY = f"{GROUP}/compile-key"  # on the compile Job and the pod template
 ANNOTATION_SERVED = f"{GROUP}/served"  # on the workload: the spec its pods run and its resolution (compile gating)
 ANNOTATION_SERVED_SPEC = f"{GROUP}/served-spec"  # the same, spec only, as operator 0.1.0 wrote it (read only)
@@ -294,8 +293,10 @@ class NeuronModelSpec(_Spec):
         "unset: the smallest Neuron instance that holds the TP degree.", max_length=63)
     device_allocation: Literal["devicePlugin", "dra"] = Field(
         "devicePlugin", description="devicePlugin: request NeuronCores or devices from the Neuron device plugin "
-        "(extended resources); dra: a ResourceClaim per pod on the Neuron DRA driver's DeviceClass neuron.aws.com "
-        "(Kubernetes >= 1.34, nodes without the device plugin).")
+        "(extended resources; pods on part of a node use the Neuron scheduler extension); dra: a ResourceClaim per "
+        "pod from a ResourceClaimTemplate on the Neuron DRA driver's DeviceClass neuron.aws.com, whole devices "
+        "(neuronResource does not apply), a connected group of 4, 8 or 16, the LNC in its config (Kubernetes >= "
+        "1.34, nodes without the device plugin).")
     neuron_resource: devices.NeuronResource = Field(
         "neuroncore", description="neuroncore: request aws.amazon.com/neuroncore = TP/nodes; neuron: request "
         "whole aws.amazon.com/neuron devices.")
@@ -349,6 +350,9 @@ class ResolvedStatus(_Spec):
     model_revision: Optional[str] = Field(None, description="The hf:// commit every replica serves (an unpinned "
                                           "revision resolved once, at the first reconcile of the source).")
     draft_revision: Optional[str] = Field(None, description="The draft model's hf:// commit, likewise.")
+    revisions: dict[str, str] = Field(default_factory=dict, description="Each hf:// source as the spec names it "
+                                      "(source@revision) and the commit it was resolved to, once: kept while the "
+                                      "source and revision stay.")
     scheduler_name: Optional[str] = Field(None, description="The scheduler the pods ask for (the Neuron scheduler "
                                           "extension's for pods that take part of a node).")
 

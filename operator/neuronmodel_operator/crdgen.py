@@ -10,7 +10,8 @@ optional fields, no `additionalProperties` beside `properties`):
   and the CEL rules (`x-kubernetes-validations`) are kept, in one fixed key order, so the output is stable;
 - a nested model whose fields all have defaults (parallelism, batching, ...) gets those defaults as its own
   default, so the API server fills them in when the user leaves the whole block out;
-- a key this module does not know is an error (a new pydantic feature must be mapped deliberately, not leak).
+- a key this module does not know is an error (a new pydantic feature must be mapped deliberately, not leak);
+- the annotation `neuronmodel.dev/crd-revision` carries `api.CRD_REVISION`, which the operator checks at start.
 
 `main()` writes `crds/neuronmodels.neuronmodel.dev.yaml`; a test fails when the committed file differs.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from neuronmodel_operator import api
+from neuronmodel_operator import api, crd_check
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / f"{api.CRD_NAME}.yaml"
@@ -191,7 +192,9 @@ def crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": api.CRD_NAME, "labels": {api.LABEL_APP_NAME: api.OPERATOR_NAME}},
+        "metadata": {"name": api.CRD_NAME, "labels": {api.LABEL_APP_NAME: api.OPERATOR_NAME},
+                     # what crd_check reads at the operator's start: an older CRD is refused
+                     "annotations": {crd_check.ANNOTATION_REVISION: str(api.CRD_REVISION)}},
         "spec": {
             "group": api.GROUP,
             "names": {"kind": api.KIND, "listKind": f"{api.KIND}List", "plural": api.PLURAL,

@@ -10,9 +10,9 @@
   that heals by itself, or a child the API server refused. A spec the operator cannot serve is not retried (the
   Failed condition and an Event are written) until its generation changes. A 401/403 that persists for
   ACCESS_DENIED_REPORT_AFTER attempts is put in status.warnings and a Warning Event: RBAC drift is visible.
-- Any event of a child (Deployment, LeaderWorkerSet, Job, Service, ConfigMap, PDB, HPA, serving Pod), found by
-  the `managed-by` label, refreshes its owner (`reconcile.py`): a deleted or hand-edited child is restored within
-  seconds, and the status follows the workload and its pods. Runs are serialised per NeuronModel and coalesced:
+- Any event of a child (Deployment, LeaderWorkerSet, Job, Service, ConfigMap, PDB, HPA, ResourceClaimTemplate,
+  serving Pod), found by the `managed-by` label, refreshes its owner (`reconcile.py`): a deleted or hand-edited
+  child is restored within seconds, and the status follows the workload and its pods. Runs are serialised per NeuronModel and coalesced:
   a burst of pod events costs one refresh, not one each. The owner comes from a copy kept from the NeuronModels'
   own watch, so a refresh that finds nothing drifted and no status change makes no request at all.
 - No delete handler, timer or daemon: each would make kopf add a finalizer, and deleting a NeuronModel while the
@@ -54,10 +54,12 @@ Key = tuple[str, str]  # (namespace, name) of a NeuronModel
 #: Children whose events re-run their owner's reconcile: (group, version, plural).
 CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("", "v1", "pods"), ("apps", "v1", "deployments"),
             ("batch", "v1", "jobs"), ("policy", "v1", "poddisruptionbudgets"),
-            ("autoscaling", "v2", "horizontalpodautoscalers"), ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"))
+            ("autoscaling", "v2", "horizontalpodautoscalers"), ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+            ("resource.k8s.io", "v1", "resourceclaimtemplates"))  # kopf watches only the APIs the cluster serves
 _KINDS = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod", "deployments": "Deployment",
           "jobs": "Job", "poddisruptionbudgets": "PodDisruptionBudget",
-          "horizontalpodautoscalers": "HorizontalPodAutoscaler", "leaderworkersets": "LeaderWorkerSet"}
+          "horizontalpodautoscalers": "HorizontalPodAutoscaler", "leaderworkersets": "LeaderWorkerSet",
+          "resourceclaimtemplates": "ResourceClaimTemplate"}
 OURS = {api.LABEL_MANAGED_BY: api.OPERATOR_NAME, api.LABEL_NAME: kopf.PRESENT}
 
 

@@ -39,6 +39,7 @@ KINDS = {
     "PodDisruptionBudget": Kind("/apis/policy/v1", "poddisruptionbudgets"),
     "HorizontalPodAutoscaler": Kind("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "LeaderWorkerSet": Kind("/apis/leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
+    "ResourceClaimTemplate": Kind("/apis/resource.k8s.io/v1", "resourceclaimtemplates"),
     api.KIND: Kind(f"/apis/{api.API_VERSION}", api.PLURAL),
 }
 

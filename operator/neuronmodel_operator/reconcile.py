@@ -239,7 +239,8 @@ class Reconcile:
         if leaving is not None and _ready(workload):
             log.info("%s/%s: the %s serves; removing the %s", target.namespace, target.name, _kind(serving),
                      _kind(leaving))
-            for manifest in builders.serving_children(serving):
+            desired = builders.serving_children(serving)  # the old side's Service and HPA are stale now
+            for manifest in desired:
                 if manifest["kind"] in ("Service", "HorizontalPodAutoscaler"):
                     self.kube.apply(manifest)
             self.kube.delete(_kind(leaving), target.namespace, workload_name(leaving))

@@ -24,6 +24,11 @@ class OperatorDefaults:
     cluster, a mirror of one target), else the images.py target for the model's instance family and framework,
     tagged `<image_repository>:<image_version>-<target>`. A spec without compileCache.url gets `compile_cache`
     (url and policy) when set: one cache for every model of the cluster.
+
+    Pods that take part of a node's NeuronCores or devices ask for `neuron_scheduler_name`, the Neuron scheduler
+    extension's scheduler (None: none is installed; such pods then carry a warning). Node paths as sources are
+    refused unless `allow_host_path`: a hostPath volume reads (and a cache writes) the node's filesystem, which a
+    namespace's users should not reach just by writing a NeuronModel, whatever the namespace's Pod Security level.
     """
 
     image: Optional[str] = None  # --runtime-image: overrides the per-family choice for every model
@@ -31,6 +36,8 @@ class OperatorDefaults:
     image_repository: str = images.DEFAULT_REPOSITORY
     image_version: str = field(default_factory=images.package_version)
     compile_cache: Optional[api.CompileCache] = None  # --compile-cache-url / --compile-cache-policy
+    neuron_scheduler_name: Optional[str] = devices.NEURON_SCHEDULER_NAME  # --neuron-scheduler-name ('' = None)
+    allow_host_path: bool = False  # --allow-host-path
 
     def filled(self, spec: NeuronModelSpec) -> NeuronModelSpec:
         """`spec` with the operator's compile cache when it names none of its own."""
@@ -64,12 +71,18 @@ class Resolved:
     compile_key: str  # sha256 over everything that changes the compiled graphs
     compile_job: bool  # a compile Job fills the cache before serving
     warnings: tuple[str, ...]  # e.g. the model clearly does not fit
+    scheduler_name: Optional[str] = None  # spec.schedulerName, or the Neuron scheduler extension's for partial pods
+    revisions: dict[str, str] = field(default_factory=dict)  # hf:// "source@revision" -> its commit (revisions.py)
+    model_revision: Optional[str] = None  # the commit (or revision) the pods fetch the model at
+    draft_revision: Optional[str] = None  # the draft model's
 
     def as_status(self) -> dict:
         status = {"framework": self.framework, "instanceType": self.instance_type,
                   "instanceFamily": self.instance_family, "logicalCoreConfig": self.logical_core_config,
                   "neuronCoresPerPod": self.cores_per_pod, "neuronDevicesPerPod": self.devices_per_pod,
-                  "image": self.image, "compileKey": self.compile_key}
+                  "image": self.image, "compileKey": self.compile_key, "schedulerName": self.scheduler_name,
+                  "modelRevision": self.model_revision, "draftRevision": self.draft_revision,
+                  "revisions": self.revisions or None}
         return {key: value for key, value in status.items() if value is not None}
 
 
@@ -95,6 +108,16 @@ def compile_key(spec: NeuronModelSpec, image: str, instance_family: Optional[str
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def loading_gib(spec: NeuronModelSpec) -> float:
+    """Host RAM (GiB) one node's pod takes while the weights load: the whole checkpoint, or with pre-sharded weights its
+    nodes' share of it (0 when spec.model.parameters is unset: nothing to go by)."""
+    parameters = spec.model.parameter_count()
+    if parameters is None:
+        return 0
+    per_node = spec.parallelism.nodes if spec.compile_cache.sharded_weights else 1
+    return devices.loading_gib(parameters, spec.model.dtype) / per_node
+
+
 def _instance(spec: NeuronModelSpec, cores_per_pod: int) -> devices.InstanceType:
     if spec.instance_type is not None:
         instance = devices.INSTANCE_TYPES.get(spec.instance_type)
@@ -102,7 +125,11 @@ def _instance(spec: NeuronModelSpec, cores_per_pod: int) -> devices.InstanceType
             raise SpecError(f"spec.instanceType: {spec.instance_type!r} is not a Neuron instance type; use one of "
                             f"{', '.join(devices.INSTANCE_TYPES)}, or framework torch for a CPU node")
         return instance
-    instance = devices.smallest_instance_for(cores_per_pod, spec.framework)
+    instance = devices.smallest_instance_for(cores_per_pod, spec.framework, loading_gib(spec))
+    if instance is None and devices.smallest_instance_for(cores_per_pod, spec.framework) is not None:
+        raise SpecError(f"spec.model.parameters: loading {spec.model.parameters} parameters takes about "
+                        f"{loading_gib(spec):.0f} GiB of host RAM, more than any Neuron instance type holding "
+                        f"{cores_per_pod} NeuronCores per node has; raise parallelism.nodes, or set instanceType")
     if instance is None:
         raise SpecError(f"spec.parallelism: no Neuron instance type holds {cores_per_pod} NeuronCores per node "
                         f"(tensorParallelDegree {spec.parallelism.tensor_parallel_degree} / nodes "
@@ -110,7 +137,52 @@ def _instance(spec: NeuronModelSpec, cores_per_pod: int) -> devices.InstanceType
     return instance
 
 
+def _host_path_sources(spec: NeuronModelSpec) -> list[tuple[str, str]]:
+    """(field, path) of every source that is a node path: mounted with hostPath."""
+    sources = [("spec.model.source", spec.model.source), ("spec.compileCache.url", spec.compile_cache.url or "")]
+    if spec.speculation.draft_model is not None and spec.speculation.mode in ("draft", "eagle"):
+        sources.append(("spec.speculation.draftModel.source", spec.speculation.draft_model.source))
+    return [(name, source) for name, source in sources if source.startswith("/")]
+
+
+def check_host_paths(spec: NeuronModelSpec, defaults: OperatorDefaults) -> None:
+    """Refuse node paths unless the operator allows them (OperatorDefaults.allow_host_path)."""
+    found = _host_path_sources(spec)
+    if found and not defaults.allow_host_path:
+        name, source = found[0]
+        raise SpecError(f"{name}: {source} is a node path (a hostPath volume), which this operator refuses: use "
+                        "pvc:// (a PersistentVolumeClaim), s3:// or hf://, or run the operator with "
+                        "--allow-host-path (chart value allowHostPath: true) on single-node and development clusters")
+
+
+def scheduler_for(spec: NeuronModelSpec, instance: devices.InstanceType, lnc: int, request: devices.NeuronRequest,
+                  defaults: OperatorDefaults) -> tuple[Optional[str], Optional[str]]:
+    """(schedulerName, warning) of a Neuron pod: spec.schedulerName when set; else the Neuron scheduler extension's
+    when the pod takes more than one but not all of the node's NeuronCores (or devices) from the device plugin.
+
+    The device plugin alone hands out any free cores; NxDI needs contiguous ones (a ring segment on inf2, 1/4/8/16
+    devices on trn1's torus), which only the extension picks. A whole node needs no choice, one core is always
+    contiguous, and the DRA driver places devices itself (spec.deviceAllocation dra, connected-group constraints).
+    """
+    if spec.scheduler_name:
+        return spec.scheduler_name, None
+    if spec.device_allocation == "dra":
+        return None, None
+    unit, total = (("NeuronCores", instance.cores(lnc)) if request.resource == devices.NEURONCORE_RESOURCE
+                   else ("Neuron devices", instance.devices))
+    if not 1 < request.count < total:
+        return None, None
+    if defaults.neuron_scheduler_name:
+        return defaults.neuron_scheduler_name, None
+    return None, (f"the pods take {request.count} of the {total} {unit} of one {instance.name} node, and no Neuron "
+                  "scheduler extension is configured: the default scheduler and the device plugin may hand out "
+                  "cores that are not contiguous, which NxDI cannot use; install the extension (the Neuron Helm "
+                  "chart with scheduler.enabled=true) and run the operator with --neuron-scheduler-name "
+                  "(chart value neuronSchedulerName, default my-scheduler), or set spec.schedulerName")
+
+
 def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
+    check_host_paths(spec, defaults)
     compile_job = spec.compile_cache.url is not None and spec.compile_cache.policy != "Never"
     cores_per_pod = spec.parallelism.tensor_parallel_degree // spec.parallelism.nodes
     if spec.framework == "torch":  # the CPU reference runner: no NeuronCores, even on a Neuron instance
@@ -118,7 +190,8 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         family = instance.family.name if instance else None
         image = defaults.image_for(spec, family)
         key = compile_key(spec, image, family, None)
-        return Resolved(spec.framework, spec.instance_type, family, None, 0, 0, {}, image, key, compile_job, ())
+        return Resolved(spec.framework, spec.instance_type, family, None, 0, 0, {}, image, key, compile_job, (),
+                        scheduler_name=spec.scheduler_name)
     if spec.parallelism.tensor_parallel_degree % spec.parallelism.nodes:
         raise SpecError("spec.parallelism.nodes must divide spec.parallelism.tensorParallelDegree")
     instance = _instance(spec, cores_per_pod)
@@ -137,15 +210,19 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     if cores_per_pod not in legal:
         raise SpecError(f"spec.parallelism: {cores_per_pod} NeuronCores per node is not a TP degree NxDI supports "
                         f"on {instance.name} (legal: {', '.join(map(str, legal))})")
-    request = devices.neuron_request(instance, lnc, cores_per_pod, spec.neuron_resource)
-    warnings = []
+    # DRA allocates whole devices, like the device plugin's aws.amazon.com/neuron
+    dra = spec.device_allocation == "dra"
+    request = devices.neuron_request(instance, lnc, cores_per_pod, "neuron" if dra else spec.neuron_resource)
+    scheduler, scheduler_warning = scheduler_for(spec, instance, lnc, request, defaults)
+    warnings = [scheduler_warning] if scheduler_warning else []
     if (parameters := spec.model.parameter_count()) is not None:
-        warning = devices.fit_warning(parameters, spec.model.dtype, instance, lnc,
-                                      spec.parallelism.tensor_parallel_degree)
-        if warning:
-            warnings.append(warning)
+        warnings += [w for w in (devices.fit_warning(parameters, spec.model.dtype, instance, lnc,
+                                                     spec.parallelism.tensor_parallel_degree),
+                                 devices.host_memory_warning(loading_gib(spec), instance,
+                                                             spec.compile_cache.sharded_weights)) if w]
     trn2_lnc = lnc if len(family.lnc_choices) > 1 else None
     image = defaults.image_for(spec, family.name)
     key = compile_key(spec, image, family.name, trn2_lnc)
     return Resolved(spec.framework, instance.name, family.name, trn2_lnc, request.cores, request.devices,
-                    request.as_resources(), image, key, compile_job, tuple(warnings))
+                    {} if dra else request.as_resources(), image, key, compile_job, tuple(warnings),
+                    scheduler_name=scheduler)

@@ -13,8 +13,13 @@ Desired replicas: the workload's `spec.replicas` (what the spec or the HPA asks 
 pods (groups for a LeaderWorkerSet), ready or not, because the scale subresource reads it and an HPA fed ready
 pods over-scales. `readyReplicas` is the workload's; `ready` is "<readyReplicas>/<desired>".
 
-The rollout is complete when the workload controller has seen its latest spec (`status.observedGeneration`, where
-the kind reports it), `updatedReplicas == replicas == desired`, and the rollout is not held.
+The rollout is complete when the workload controller has seen its latest spec, `updatedReplicas == replicas ==
+desired`, and the rollout is not held. "Has seen": `status.observedGeneration >= metadata.generation` where the
+status has one (a Deployment; a LeaderWorkerSet from LWS v0.9.0). LWS v0.7 and v0.8 publish no observedGeneration;
+their controller sets Available True only when every group is ready on the current revision and then turns
+Progressing and UpdateInProgress False, so there "has seen" is: Available True, neither of those True. A v0.7 status
+in the moment between an apply that changes the template and the controller's first reconcile of it looks settled:
+only the applier, which saw the generation change, can tell that it is stale.
 
 Phase, first match wins (its reason and message are the Ready condition's):
   Failed     InvalidSpec     `spec_error` is set: the spec cannot be served; no retry until it changes.
@@ -29,6 +34,9 @@ Phase, first match wins (its reason and message are the Ready condition's):
   Pending    Unschedulable   no live pod is scheduled and some have PodScheduled=False: the scheduler's message
                              ("0/5 nodes are available: 5 Insufficient aws.amazon.com/neuroncore") is the message.
   Pending    Scheduling      no live pod is scheduled yet, none refused.
+  Failed     NeuronDeviceAccessDenied  as ContainersFailing, and a container's termination message carries
+                             DEVICE_ACCESS_MARKER (the runtime could not open /dev/neuron* as its non-root uid):
+                             that message, which names the device, the uid and the node setting that fixes it.
   Failed     ContainersFailing  pods are scheduled, none is ready, and a container of every one is failing
                              (CrashLoopBackOff, ImagePullBackOff...: a wrong model path, a bad image): the first
                              container's reason is the message. The kubelet keeps retrying; the phase follows it.
@@ -39,7 +47,8 @@ Phase, first match wins (its reason and message are the Ready condition's):
 Loading and Degraded messages add what blocks the other pods (unschedulable, or a container waiting reason such
 as CrashLoopBackOff). Live pods: not being deleted, not Succeeded/Failed.
 
-Conditions, always all four, in CONDITION_TYPES order, each with observedGeneration and a message:
+Conditions, the four of CONDITION_TYPES in that order, then Autoscaling when the model has an HPA
+(`Observed.hpa`, passed under spec.autoscaling only); each with observedGeneration and a message:
   ArtifactsReady  True/NotRequired (no Job: no compileCache.url, the pods compile in place; or policy Never, the
                   pods load from the cache), False/Compiling (Job pending or running; "retrying, attempt 3 of 5"
                   after failed pods, of backoffLimit+1), True/Compiled (with the compile seconds),
@@ -51,6 +60,10 @@ Conditions, always all four, in CONDITION_TYPES order, each with observedGenerat
                   compiling before any workload exists); True/Creating (no workload); False/ProgressDeadlineExceeded
                   (the Deployment's Progressing condition says so); True/RollingOut; True/RolloutComplete.
   Ready           True/Ready, or False with the phase's reason.
+  Autoscaling     the HPA's AbleToScale and ScalingActive: False with the reason and message of the first of them
+                  that is False (FailedGetPodsMetric: no custom metrics API, or no adapter rule for the metric);
+                  True/ScalingActive when both are True; Unknown/NotEvaluated before the HPA controller wrote any
+                  condition (or while one is Unknown).
 lastTransitionTime (RFC 3339 UTC) is kept from the previous status while a condition's status stays the same and
 set to `now` when it changes (metav1 semantics). One exception, so that a generation's start is on record:
 Progressing is about the rollout of one generation, so its lastTransitionTime is also set to `now` on the first
@@ -76,7 +89,13 @@ from neuronmodel_operator.api import CONDITION_TYPES
 from neuronmodel_operator.resolve import Resolved
 
 #: Ready reasons whose Event is a Warning; every other transition is Normal.
-WARNING_REASONS = frozenset({"InvalidSpec", "CompileFailed", "ContainersFailing", "Unschedulable", "Degraded"})
+WARNING_REASONS = frozenset({"InvalidSpec", "CompileFailed", "ContainersFailing", "NeuronDeviceAccessDenied",
+                             "Unschedulable", "Degraded"})
+#: Starts the runtime's termination message when it cannot open a Neuron device as its uid (the runtime's
+#: frameworks.DEVICE_ACCESS_MARKER: the two packages share no code, tests/operator_tests/test_status.py pins both).
+DEVICE_ACCESS_MARKER = "NeuronDeviceAccessDenied"
+#: The HPA conditions that must both be True for it to scale (autoscaling/v2 HorizontalPodAutoscalerConditionType).
+HPA_CONDITIONS = ("AbleToScale", "ScalingActive")
 #: Condition reasons worth an Event of their own when a condition takes them (the phase does not show them).
 CONDITION_EVENTS = {("ArtifactsReady", "Compiled"): "Normal", ("Progressing", "ProgressDeadlineExceeded"): "Warning"}
 #: Container waiting reasons that are just progress, not a problem to show.
@@ -105,6 +124,7 @@ class Observed:
     selector: str  # label selector string of the serving pods
     now: datetime
     compile_cache_url: Optional[str] = None  # spec.compileCache.url: says why no Job is needed
+    hpa: Optional[Mapping] = None  # the HorizontalPodAutoscaler (camelCase dict) under spec.autoscaling, else None
 
 
 @dataclass(frozen=True)
@@ -195,13 +215,20 @@ class _Workload:
         desired = spec.get("replicas", o.desired_replicas)
         total, ready, updated = (state.get(key, 0) for key in ("replicas", "readyReplicas", "updatedReplicas"))
         available = ready if kind == "LeaderWorkerSet" else state.get("availableReplicas", 0)
-        caught_up = state.get("observedGeneration", 0) >= (o.workload.get("metadata") or {}).get("generation", 0)
-        complete = caught_up and updated == total == desired and not o.rollout_held
+        complete = _caught_up(o.workload) and updated == total == desired and not o.rollout_held
         stalled = _condition(o.workload, "Progressing", value="False")
         deadline = stalled.get("message", "") if stalled and stalled.get("reason") == "ProgressDeadlineExceeded" \
             else None
         failure = (_condition(o.workload, "ReplicaFailure") or {}).get("message")
         return _Workload(kind, desired, total, ready, available, complete, deadline, failure)
+
+
+def _caught_up(workload: Mapping) -> bool:
+    """The workload controller has seen the workload's current spec (see the module docstring)."""
+    state = workload.get("status") or {}
+    if "observedGeneration" in state or workload.get("kind") != "LeaderWorkerSet":
+        return state.get("observedGeneration", 0) >= (workload.get("metadata") or {}).get("generation", 0)
+    return bool(_condition(workload, "Available")) and not _condition(workload, "Progressing", "UpdateInProgress")
 
 
 def _live(pods: Sequence[Mapping]) -> list[Mapping]:
@@ -227,6 +254,17 @@ def _waiting(pods: Sequence[Mapping], reasons: Optional[frozenset] = None) -> Op
             if reason and reason not in _STARTING and (reasons is None or reason in reasons):
                 detail = f": {waiting['message']}" if waiting.get("message") else ""
                 return f"container {container.get('name')}: {reason}{detail}"
+    return None
+
+
+def _device_access_denied(pods: Sequence[Mapping]) -> Optional[str]:
+    """The runtime's termination message of a container that could not open a Neuron device, if any."""
+    for pod in pods:
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            for state in (container.get("state") or {}, container.get("lastState") or {}):
+                message = (state.get("terminated") or {}).get("message") or ""
+                if DEVICE_ACCESS_MARKER in message:
+                    return message.strip()
     return None
 
 
@@ -264,6 +302,9 @@ def _phase(o: Observed, artifacts: _Verdict, workload: Optional[_Workload]) -> t
             return "Pending", (_Verdict("False", "Unschedulable", refused) if refused else
                                _Verdict("False", "Scheduling", "waiting for the scheduler to place the serving pods"))
         if all(_waiting([pod], _FAILING) for pod in scheduled) and len(scheduled) == len(pods):
+            denied = _device_access_denied(scheduled)
+            if denied:
+                return "Failed", _Verdict("False", DEVICE_ACCESS_MARKER, denied)
             return "Failed", _Verdict("False", "ContainersFailing", f"no serving pod can run: "
                                       f"{_waiting(scheduled, _FAILING)} (kubectl logs --previous -l {o.selector})")
         return "Loading", _Verdict("False", "Loading", f"{len(scheduled)} serving pod(s) scheduled, none ready yet: "
@@ -302,11 +343,31 @@ def _progressing(o: Observed, artifacts: _Verdict, workload: Optional[_Workload]
     return _Verdict("True", "RolloutComplete", f"all {workload.desired} replica(s) run the current spec")
 
 
+def _autoscaling(hpa: Mapping) -> _Verdict:
+    found = {c.get("type"): c for c in (hpa.get("status") or {}).get("conditions") or []}
+    name = _name(hpa)
+    for type_ in HPA_CONDITIONS:
+        condition = found.get(type_) or {}
+        if condition.get("status") == "False":
+            reason = condition.get("reason") or type_
+            namespace = (hpa.get("metadata") or {}).get("namespace")
+            describe = f"kubectl describe hpa{f' -n {namespace}' if namespace else ''} {name}"
+            metric = ("; the custom metrics API must serve the metric for the pods (a prometheus-adapter rule: "
+                      "docs/eks.md, Autoscaling)") if reason.startswith("FailedGet") and reason.endswith("Metric") \
+                else ""
+            return _Verdict("False", reason, f"HorizontalPodAutoscaler {name} cannot scale: "
+                            f"{condition.get('message', '')} (its {type_} condition; {describe}){metric}")
+    if all((found.get(type_) or {}).get("status") == "True" for type_ in HPA_CONDITIONS):
+        return _Verdict("True", "ScalingActive", f"HorizontalPodAutoscaler {name}: "
+                        f"{found['ScalingActive'].get('message', 'scaling on its metric')}")
+    return _Verdict("Unknown", "NotEvaluated", f"HorizontalPodAutoscaler {name} has not evaluated its metric yet")
+
+
 def _conditions(o: Observed, verdicts: Mapping[str, _Verdict]) -> list[dict]:
     before = {c.get("type"): c for c in o.previous.get("conditions") or []}
     new_generation = o.previous.get("observedGeneration") != o.generation
     conditions = []
-    for type_ in CONDITION_TYPES:
+    for type_ in [*CONDITION_TYPES, *(["Autoscaling"] if "Autoscaling" in verdicts else [])]:
         verdict, old = verdicts[type_], before.get(type_) or {}
         kept = old.get("status") == verdict.status and not (type_ == "Progressing" and new_generation)
         conditions.append({"type": type_, "status": verdict.status, "reason": verdict.reason,
@@ -356,8 +417,11 @@ def status(observed: Observed) -> dict:
     o = observed
     artifacts, workload = _artifacts(o), _Workload.of(o)
     phase, ready = _phase(o, artifacts, workload)
-    conditions = _conditions(o, {"ArtifactsReady": artifacts, "Available": _available(workload, o.rollout_held),
-                                 "Progressing": _progressing(o, artifacts, workload), "Ready": ready})
+    verdicts = {"ArtifactsReady": artifacts, "Available": _available(workload, o.rollout_held),
+                "Progressing": _progressing(o, artifacts, workload), "Ready": ready}
+    if o.hpa is not None:
+        verdicts["Autoscaling"] = _autoscaling(o.hpa)
+    conditions = _conditions(o, verdicts)
     desired = workload.desired if workload else o.desired_replicas
     ready_replicas = workload.ready if workload else 0
     current = {
@@ -390,21 +454,25 @@ def _ready(current: Mapping) -> Mapping:
 def events(previous: Mapping, current: Mapping) -> list[tuple[str, str, str]]:
     """(type, reason, message) of each Event a change from `previous` to `current` status is worth.
 
-    One Event when the phase or the Ready reason changes (Warning for InvalidSpec, CompileFailed, Unschedulable,
-    Degraded; Normal otherwise, e.g. Ready "... serving at <endpoint>"); one when a condition takes a reason of
-    CONDITION_EVENTS (Normal Compiled, Warning ProgressDeadlineExceeded); Warning ModelMayNotFit for each new
-    warning. Nothing when nothing changed: the handler calls this on every reconcile.
+    One Event when the phase or the Ready reason changes (Warning for WARNING_REASONS: InvalidSpec,
+    CompileFailed, ContainersFailing, NeuronDeviceAccessDenied, Unschedulable, Degraded; Normal otherwise, e.g.
+    Ready "... serving at <endpoint>"); one when a condition takes a reason of CONDITION_EVENTS (Normal Compiled,
+    Warning ProgressDeadlineExceeded); a Warning with the HPA's reason when Autoscaling turns False (or False with
+    another reason); Warning ModelMayNotFit for each new warning. Nothing when nothing changed: the handler calls
+    this on every reconcile.
     """
     found = []
     ready = _ready(current)
     if ready and (previous.get("phase"), _ready(previous).get("reason")) != (current.get("phase"), ready["reason"]):
         kind = "Warning" if ready["reason"] in WARNING_REASONS else "Normal"
         found.append((kind, ready["reason"], ready.get("message", "")))
-    before = {(c.get("type"), c.get("reason")) for c in previous.get("conditions") or []}
+    before = {(c.get("type"), c.get("reason")): c.get("status") for c in previous.get("conditions") or []}
     for condition in current.get("conditions") or []:
         key = (condition.get("type"), condition.get("reason"))
         if key in CONDITION_EVENTS and key not in before:
             found.append((CONDITION_EVENTS[key], condition["reason"], condition.get("message", "")))
+        elif key[0] == "Autoscaling" and condition.get("status") == "False" and before.get(key) != "False":
+            found.append(("Warning", condition["reason"], condition.get("message", "")))
     found += [("Warning", "ModelMayNotFit", warning) for warning in current.get("warnings") or []
               if warning not in (previous.get("warnings") or [])]
     return found

@@ -297,8 +297,19 @@ def _selftest(front: Any, config: RuntimeConfig, tokens: int) -> int:
     return 0 if all(c.result != "FAIL" for c in checks) else 1
 
 
+#: Where the kubelet reads a container's termination message (the pod's terminationMessagePath default); the
+#: operator's status shows it (lastState.terminated.message). Absent outside a pod: nothing is written there.
+TERMINATION_LOG = "/dev/termination-log"
+
+
 def _fail(exc: Exception) -> int:
-    print("neuronmodel-runtime: " + " ".join(str(exc).split()), file=sys.stderr)
+    line = "neuronmodel-runtime: " + " ".join(str(exc).split())
+    print(line, file=sys.stderr)
+    if os.path.exists(TERMINATION_LOG):
+        try:
+            Path(TERMINATION_LOG).write_text(line + "\n")
+        except OSError as err:
+            log.debug("cannot write the termination message to %s: %s", TERMINATION_LOG, err)
     return 2
 
 

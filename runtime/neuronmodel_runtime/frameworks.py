@@ -2,7 +2,9 @@
 
 `auto` picks NxDI if importable, else TNx, else (only on a host without Neuron devices) the PyTorch reference
 runner, with a warning. An explicit framework that is not installed is an error naming the package. Detection
-only looks packages up; it never imports them (importing torch-neuronx takes seconds and may touch devices).
+only looks packages up; it never imports them (importing torch-neuronx takes seconds and may touch devices). It
+checks that this process may read and write each /dev/neuron* (os.access, no open): a non-root container on a node
+whose container runtime keeps device nodes root-owned cannot, and a Neuron framework would fail deep in libnrt.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import importlib.util
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -29,6 +32,10 @@ RELATED = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc", "libneur
 RUNTIME_PACKAGE = "aws-neuronx-runtime-lib"
 DPKG_STATUS = "/var/lib/dpkg/status"
 
+#: Starts the message of DeviceAccessDenied; the operator finds it in the container's termination message and
+#: reports it as the model's Ready reason (operator status.DEVICE_ACCESS_MARKER).
+DEVICE_ACCESS_MARKER = "NeuronDeviceAccessDenied"
+
 NEURON_INSTALL_HINT = (
     "install it in the image from AWS's Neuron pip repository (or use an AWS Neuron Deep Learning Container); "
     "the PyPI package of that name is an empty placeholder"
@@ -43,6 +50,7 @@ class FrameworkDetection:
     related: dict[str, Optional[str]]  # related package -> version, or None
     neuron_devices: list[str]  # /dev/neuron* paths
     neuron_runtime: Optional[str] = None  # version of the aws-neuronx-runtime-lib system package, if installed
+    denied_devices: list[str] = field(default_factory=list)  # those of neuron_devices this process cannot open
 
     def available(self, framework: str) -> bool:
         return self.installed.get(framework) is not None
@@ -58,6 +66,10 @@ class FrameworkSelection:
 
 class FrameworkError(RuntimeError):
     """No usable framework; the message says what to install or change."""
+
+
+class DeviceAccessDenied(FrameworkError):
+    """Neuron devices exist but this uid may not open them; the message names the device, the uid and the fix."""
 
 
 def _version(import_name: str, dist_name: str) -> Optional[str]:
@@ -90,11 +102,32 @@ def detect_frameworks(
     device_glob: str = "/dev/neuron*",
     dpkg_status: str = DPKG_STATUS,
 ) -> FrameworkDetection:
+    devices = sorted(glob.glob(device_glob))
     return FrameworkDetection(
         installed={fw: version_of(mod, dist) for fw, (mod, dist) in PACKAGES.items()},
         related={dist: version_of(mod, dist) for dist, mod in RELATED.items()},
-        neuron_devices=sorted(glob.glob(device_glob)),
+        neuron_devices=devices,
         neuron_runtime=_runtime_version(dpkg_status),
+        denied_devices=[device for device in devices if not os.access(device, os.R_OK | os.W_OK)],
+    )
+
+
+def _owner(path: str) -> str:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ""
+    return f" ({path} is uid {info.st_uid} gid {info.st_gid} mode {info.st_mode & 0o777:04o})"
+
+
+def device_access_error(device: str) -> DeviceAccessDenied:
+    """The one-line error for a Neuron device this process cannot open: the device, who we are, the node fix."""
+    return DeviceAccessDenied(
+        f"{DEVICE_ACCESS_MARKER}: cannot open {device} as uid {os.getuid()} gid {os.getgid()}{_owner(device)}: the "
+        "node's container runtime gives device nodes to root, not to the pod's runAsUser. Fix the node: containerd "
+        "`device_ownership_from_security_context = true` in its CRI plugin config ([plugins.\"io.containerd.grpc.v1."
+        "cri\"], containerd 2: [plugins.\"io.containerd.cri.v1.runtime\"]), then restart containerd; Bottlerocket "
+        "`settings.kubernetes.device-ownership-from-security-context = true`. See docs/eks.md, NeuronDeviceAccessDenied"
     )
 
 
@@ -122,7 +155,15 @@ def select_framework(requested: str, detection: FrameworkDetection) -> Framework
 
     Raises:
         FrameworkError: an explicit framework is not installed, or a Neuron host has no Neuron framework.
+        DeviceAccessDenied: a Neuron framework is selected and a /dev/neuron* cannot be opened by this uid.
     """
+    selection = _select(requested, detection)
+    if selection.framework in ("nxdi", "tnx") and detection.denied_devices:
+        raise device_access_error(detection.denied_devices[0])
+    return selection
+
+
+def _select(requested: str, detection: FrameworkDetection) -> FrameworkSelection:
     installed = detection.installed
     if requested in ("nxdi", "tnx"):
         if not detection.available(requested):

@@ -7,7 +7,8 @@ Everything listens on free ports of 127.0.0.1: etcd, kube-apiserver (TLS from a 
 static admin token in `system:masters`, RBAC + Node authorization, service-account issuer and keys
 so TokenRequest works), kube-controller-manager, kube-scheduler, kwok (acting as the kubelet of the
 fake Neuron nodes of `k8s.nodes`) and the LeaderWorkerSet controller with its CRD and webhooks.
-`DIR` (default `.cluster/`) holds the PKI, the kubeconfig, `pids.json` and `logs/`.
+The scheduler has a second profile, `my-scheduler`, standing in for the Neuron scheduler extension
+(`scheduler_configuration`). `DIR` (default `.cluster/`) holds the PKI, the kubeconfig, `pids.json` and `logs/`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cluster"
 START_TIMEOUT_S = 120
 SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR
+#: The Neuron Helm chart's scheduler extension's name (the operator's default --neuron-scheduler-name)
+NEURON_SCHEDULER_NAME = "my-scheduler"
 
 
 def _free_port() -> int:
@@ -60,6 +63,21 @@ def _same_binary(pid: int, binary: str) -> bool:
 def _die_with_parent() -> None:
     """preexec_fn: the child gets SIGTERM when the process that started it dies (even by SIGKILL)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def scheduler_configuration(kubeconfig: Path) -> dict:
+    """kube-scheduler's configuration: the default profile, and a second one named like the Neuron scheduler
+    extension's scheduler (`my-scheduler`, what the operator gives pods that take part of a node's NeuronCores).
+
+    The second profile stands in for the extension, which on EKS runs as a second scheduler that filters nodes
+    through the Neuron scheduler extender; here it is a plain scheduler under that name, so that such pods are
+    scheduled (kwok's nodes have no devices whose contiguity would matter) instead of waiting for a scheduler that
+    does not exist. The client settings are here: kube-scheduler ignores --kubeconfig and --leader-elect once it
+    has --config.
+    """
+    return {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)}, "leaderElection": {"leaderElect": False},
+            "profiles": [{"schedulerName": "default-scheduler"}, {"schedulerName": NEURON_SCHEDULER_NAME}]}
 
 
 def _get(url: str, context: ssl.SSLContext | None = None, headers: dict | None = None) -> tuple[int, dict]:
@@ -222,7 +240,11 @@ class ControlPlane:
                     f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
                     f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
                     "--use-service-account-credentials=true", "--controllers=*")
-        self._spawn("kube-scheduler", *delegated, f"--secure-port={sched_port}")
+        scheduler_config = self.data_dir / "scheduler-config.json"
+        scheduler_config.write_text(json.dumps(scheduler_configuration(self.kubeconfig), indent=1))
+        self._spawn("kube-scheduler", f"--config={scheduler_config}", f"--authentication-kubeconfig={self.kubeconfig}",
+                    f"--authorization-kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1",
+                    f"--secure-port={sched_port}")
         self._spawn("kwok", f"--kubeconfig={self.kubeconfig}", f"--config={install.kwok_stages()}",
                     "--manage-all-nodes=false", f"--manage-nodes-with-label-selector={nodes.KWOK_SELECTOR}",
                     # the heartbeat stage renews node Leases (as kwokctl does): without them the node controller

@@ -28,10 +28,18 @@ def node_name(instance_type: str) -> str:
     return "kwok-" + instance_type.replace(".", "-")
 
 
+#: Local disk of a Neuron node: the operator's pods request the ephemeral storage their downloads, artifacts and
+#: compiler caches may fill (tens of GiB each by default), as Neuron node groups are sized for (a large EBS root
+#: volume or the trn instances' NVMe); the CPU node keeps EKS's usual small root volume.
+NEURON_NODE_DISK = "2Ti"
+CPU_NODE_DISK = "100Gi"
+
+
 def node(instance_type: str) -> dict:
     devices, cores, cpu, mem_gib = SHAPES[instance_type]
     family = instance_type.split(".")[0]
-    resources = {"cpu": str(cpu), "memory": f"{mem_gib}Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+    resources = {"cpu": str(cpu), "memory": f"{mem_gib}Gi", "pods": "110",
+                 "ephemeral-storage": NEURON_NODE_DISK if devices else CPU_NODE_DISK}
     if devices:
         resources |= {"aws.amazon.com/neuron": str(devices), "aws.amazon.com/neuroncore": str(cores)}
     return {

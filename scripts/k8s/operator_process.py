@@ -22,10 +22,14 @@ class OperatorProcess:
 
     `image`: passed as --runtime-image (None: not passed, the env decides). `env`: the operator's environment as a
     Deployment would set it (the chart's); given, the `NEURONMODEL_*` variables of this process are not inherited.
+    `allow_host_path`: passed as --allow-host-path (the default: the tests serve the tiny model from a node path)
+    or --no-allow-host-path, over the env's setting.
     """
 
-    def __init__(self, kubeconfig: Path, log: Path, image: str | None, *args: str, env: dict[str, str] | None = None):
+    def __init__(self, kubeconfig: Path, log: Path, image: str | None, *args: str, env: dict[str, str] | None = None,
+                 allow_host_path: bool = True):
         self.kubeconfig, self.log, self.image, self.args, self.env = kubeconfig, log, image, args, env
+        self.allow_host_path = allow_host_path
         self.process: subprocess.Popen | None = None
         self.metrics_port: int | None = None
 
@@ -38,10 +42,11 @@ class OperatorProcess:
         if self.env is not None:
             env = {k: v for k, v in env.items() if not k.startswith("NEURONMODEL_")} | self.env
         image = ["--runtime-image", self.image] if self.image else []
+        host_path = "--allow-host-path" if self.allow_host_path else "--no-allow-host-path"
         with self.log.open("a") as out:
             self.process = subprocess.Popen(
                 [str(exe), "--kubeconfig", str(self.kubeconfig), "--liveness", liveness,
-                 "--metrics-port", str(self.metrics_port), *image, *self.args],
+                 "--metrics-port", str(self.metrics_port), *image, host_path, *self.args],
                 stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + timeout
         while True:

@@ -36,6 +36,8 @@ INVALID = {
     "namespace name with capitals": ({"watchNamespaces": ["Team_A"]}, ("watchNamespaces", "match pattern")),
     "liveness port out of range": ({"liveness": {"port": 70000}}, ("port",)),
     "compile-cache policy unknown": ({"compileCache": {"policy": "Sometimes"}}, ("policy",)),
+    "allowHostPath as a word": ({"allowHostPath": "yes"}, ("allowHostPath", "boolean")),
+    "neuronSchedulerName not a name": ({"neuronSchedulerName": "My Scheduler"}, ("neuronSchedulerName",)),
 }
 
 

@@ -92,6 +92,8 @@ def test_default_deployment(rendered):
         "NEURONMODEL_RUNTIME_IMAGE_VERSION": "0.1.0",
         "NEURONMODEL_OPERATOR_COMPILE_CACHE_POLICY": "IfNotCached",
         "NEURONMODEL_HPA_METRIC": "vllm:num_requests_waiting",
+        "NEURONMODEL_OPERATOR_NEURON_SCHEDULER_NAME": "my-scheduler",
+        "NEURONMODEL_OPERATOR_ALLOW_HOST_PATH": "false",
     }
     kinds = sorted(doc["kind"] for doc in rendered["defaults"])
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
@@ -102,6 +104,18 @@ def test_hpa_metric_env_is_the_operators():
     assert api.ENV_HPA_METRIC == "NEURONMODEL_HPA_METRIC" and api.ENV_RUNTIME_IMAGE == "NEURONMODEL_RUNTIME_IMAGE"
     assert images.ENV_RUNTIME_IMAGE_REPOSITORY == "NEURONMODEL_RUNTIME_IMAGE_REPOSITORY"
     assert images.ENV_RUNTIME_IMAGE_VERSION == "NEURONMODEL_RUNTIME_IMAGE_VERSION"
+
+
+@pytest.mark.parametrize("case, scheduler, host_path", [("defaults", "my-scheduler", False),
+                                                       ("custom-images", None, True)])
+def test_the_operator_reads_the_charts_scheduler_and_host_path_settings(rendered, monkeypatch, case, scheduler,
+                                                                        host_path):
+    """The rendered env, read by the operator's own flag parser: what every NeuronModel's pods then get."""
+    from neuronmodel_operator import cli
+    for name, value in env(find_one(rendered[case], "Deployment")).items():
+        monkeypatch.setenv(name, value)
+    defaults = cli.operator_defaults(cli.parser().parse_args([]))
+    assert (defaults.neuron_scheduler_name, defaults.allow_host_path) == (scheduler, host_path)
 
 
 def test_custom_images_placement_and_compile_cache(rendered):

@@ -8,7 +8,8 @@ end, at exit, or, if pytest is killed, through PR_SET_PDEATHSIG. The binaries co
 Helpers (session fixtures): `admin_client` (official `kubernetes` client as `system:masters`),
 `service_account` (a ServiceAccount bound to a Role, authenticated by a TokenRequest token),
 `install_crds` (server-side apply + wait for Established), `wait_until`, `namespace` (per test), `oci_registry`
-(a plain-http OCI registry for charts and images, its storage a cache).
+(a plain-http OCI registry for charts and images, its storage a cache), `hub_mirror` (the HF_ENDPOINT the
+operators pin hf:// sources against).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kubernetes import client as kube  # noqa: E402
 sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "scripts"), str(Path(__file__).resolve().parent)]
 from k8s import cluster, install  # noqa: E402
 from k8s.operator_process import OperatorProcess  # noqa: E402
+from hub_mirror import HubMirror  # noqa: E402
 from k8s.registry import Registry  # noqa: E402
 from polling import wait  # noqa: E402
 
@@ -199,10 +201,18 @@ def operator_rbac(control_plane, admin_client, wait_until) -> ServiceAccountAcce
 
 
 @pytest.fixture(scope="session")
-def operator(neuronmodel_crd, operator_rbac, control_plane) -> OperatorProcess:
+def hub_mirror() -> HubMirror:
+    """The Hub mirror (HF_ENDPOINT) every operator of the session pins hf:// sources against."""
+    mirror = HubMirror()
+    yield mirror
+    mirror.close()
+
+
+@pytest.fixture(scope="session")
+def operator(neuronmodel_crd, operator_rbac, control_plane, hub_mirror) -> OperatorProcess:
     """The operator, running for the whole session (tests that stop it start it again)."""
     process = OperatorProcess(operator_rbac.kubeconfig, control_plane.data_dir / "logs" / "operator.log",
-                              TEST_IMAGE, "--verbose")
+                              TEST_IMAGE, "--verbose", env={"HF_ENDPOINT": hub_mirror.url})
     process.start(timeout=60)
     yield process
     process.stop()

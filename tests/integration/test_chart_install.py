@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 import yaml
@@ -29,6 +29,7 @@ from kubernetes import client as kube  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from k8s.operator_process import OperatorProcess  # noqa: E402
+from test_operator import mounted_config_map  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -182,8 +183,10 @@ def installed(helm: Helm, release: str, namespace: str) -> dict[str, list[dict]]
     return by_kind
 
 
-def local_operator(cluster: Cluster, deployment: dict, kubeconfig: Path, log: Path) -> OperatorProcess:
-    """The chart's operator container as a local process: its args, its env (ports made free), the given token."""
+def local_operator(cluster: Cluster, deployment: dict, kubeconfig: Path, log: Path,
+                   hf_endpoint: Optional[str] = None) -> OperatorProcess:
+    """The chart's operator container as a local process: its args, its env (ports made free), the given token;
+    `hf_endpoint`: the Hub mirror it pins hf:// sources against (HF_ENDPOINT)."""
     container = operator_container(deployment)
     args = list(container.get("args", []))
     if container.get("command"):  # else the image's ENTRYPOINT: neuronmodel-operator (Dockerfile, target operator)
@@ -197,11 +200,14 @@ def local_operator(cluster: Cluster, deployment: dict, kubeconfig: Path, log: Pa
     for name in env:
         if name.startswith("NEURONMODEL_OPERATOR_") and name.endswith("_PORT"):
             env[name] = str(_free_port())
+    if hf_endpoint:
+        env["HF_ENDPOINT"] = hf_endpoint
     return OperatorProcess(kubeconfig, log, None, *args, env=env)
 
 
 @contextlib.contextmanager
-def chart_operator(control_plane, cluster: Cluster, deployment: dict, check: dict) -> Iterator[Path]:
+def chart_operator(control_plane, cluster: Cluster, deployment: dict, check: dict,
+                   hf_endpoint: Optional[str] = None) -> Iterator[Path]:
     """The chart's operator running (`local_operator`) with its ServiceAccount's token, once RBAC allows `check`;
     yields its log. On the way out: stopped, and its log holds no 403 (a right the chart's RBAC lacks)."""
     namespace = deployment["metadata"]["namespace"]
@@ -209,7 +215,7 @@ def chart_operator(control_plane, cluster: Cluster, deployment: dict, check: dic
     kubeconfig = token_kubeconfig(control_plane, cluster.client, namespace, sa,
                                   control_plane.data_dir / f"{namespace}-{sa}.kubeconfig", check=check)
     log = control_plane.data_dir / "logs" / f"operator-chart-{namespace}.log"
-    operator = local_operator(cluster, deployment, kubeconfig, log)
+    operator = local_operator(cluster, deployment, kubeconfig, log, hf_endpoint)
     operator.start(timeout=90)
     try:
         yield log
@@ -223,7 +229,8 @@ def assert_children(cluster: Cluster, namespace: str, body: dict) -> None:
     name, uid = body["metadata"]["name"], body["metadata"]["uid"]
     children = [cluster.apps.read_namespaced_deployment(name, namespace),
                 cluster.core.read_namespaced_service(name, namespace),
-                cluster.core.read_namespaced_config_map(f"{name}-runtime", namespace)]
+                cluster.core.read_namespaced_config_map(
+                    mounted_config_map(cluster.apps.read_namespaced_deployment(name, namespace)), namespace)]
     for child in children:
         (ref,) = child.metadata.owner_references
         assert (ref.kind, ref.name, ref.uid, ref.controller) == ("NeuronModel", name, uid, True)
@@ -309,7 +316,8 @@ def test_peering_replicas_keep_alive_in_the_chart_peering_object(control_plane, 
 # --------------------------------------------------------------------------------------------------------------------
 # watchNamespaces and the restricted Pod Security Standard
 
-def test_watch_namespaces_under_the_restricted_pod_security_standard(control_plane, helm_home, namespaces, cluster):
+def test_watch_namespaces_under_the_restricted_pod_security_standard(control_plane, helm_home, namespaces, cluster,
+                                                                     hub_mirror):
     """Installed (Helm 3) into a restricted namespace, watching only namespace `a` (restricted too), not `b`."""
     helm = helm_for(control_plane, helm_home, "helm3")
     home, a, b = namespaces(RESTRICTED), namespaces(RESTRICTED), namespaces()
@@ -337,7 +345,7 @@ def test_watch_namespaces_under_the_restricted_pod_security_standard(control_pla
         # kopf, when not cluster-wide, lists and watches namespaces (observation.namespace_observer): were that
         # refused, it would retry 9 times over ~55 s before falling back to the exact names; chart_operator checks
         # that no 403 happened
-        with chart_operator(control_plane, cluster, deployment,
+        with chart_operator(control_plane, cluster, deployment, hf_endpoint=hub_mirror.url,
                             check={"namespace": a, "verb": "watch", "group": GROUP, "resource": PLURAL}) as log:
             # hf:// (an emptyDir and a download init container): a hostPath model is refused by restricted (below)
             ignored, served = tiny_sample("hf://HuggingFaceTB/SmolLM2-135M-Instruct"), tiny_sample(

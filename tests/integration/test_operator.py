@@ -33,6 +33,11 @@ def neuronmodel(name: str, spec: dict) -> dict:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "NeuronModel", "metadata": {"name": name}, "spec": spec}
 
 
+def mounted_config_map(deployment) -> str:
+    """The runtime ConfigMap (content-named, `<name>-runtime-<hash>`) a Deployment's pods mount."""
+    return next(v.config_map.name for v in deployment.spec.template.spec.volumes if v.config_map)
+
+
 TINY_SPEC = {"model": {"source": str(TINY)}, "framework": "torch", "replicas": 1,
              "batching": {"maxBatchSize": 2, "maxContextLength": 128, "maxSeqLen": 256}}
 
@@ -50,7 +55,7 @@ def test_tiny_sample_becomes_ready_with_its_children(api, operator):
         "ArtifactsReady": "True", "Available": "True", "Progressing": "True", "Ready": "True"}
     assert status["resolved"]["framework"] == "torch"
     children = [api.apps.read_namespaced_deployment(name, api.ns), api.core.read_namespaced_service(name, api.ns),
-                api.core.read_namespaced_config_map(f"{name}-runtime", api.ns)]
+                api.core.read_namespaced_config_map(mounted_config_map(api.deployment(name)), api.ns)]
     for child in children:
         (ref,) = child.metadata.owner_references
         assert (ref.kind, ref.name, ref.uid, ref.controller) == ("NeuronModel", name, uid, True)
@@ -103,8 +108,9 @@ def test_every_sample_gets_its_children(api, name):
     service = api.wait_until("the Service", lambda: next(
         iter(api.core.list_namespaced_service(api.ns, field_selector=f"metadata.name={model}").items), None), 10)
     assert service.spec.ports[0].port == 8000
-    config = api.wait_until("the ConfigMap", lambda: next(iter(api.core.list_namespaced_config_map(
-        api.ns, field_selector=f"metadata.name={model}-runtime").items), None), 10)
+    config = api.wait_until("the ConfigMap", lambda: next((c for c in api.core.list_namespaced_config_map(
+        api.ns, label_selector="app.kubernetes.io/component=server").items
+        if c.metadata.name.startswith(f"{model}-runtime-")), None), 10)
     assert config.data["config.json"]
     jobs = api.batch.list_namespaced_job(api.ns).items
     compiles = spec.get("compileCache", {}).get("url") and spec["compileCache"].get("policy") != "Never"
@@ -161,9 +167,10 @@ def test_a_deleted_or_edited_child_is_restored(api, wait_until):
 
     api.core.delete_namespaced_service("drift", api.ns)
     wait_until("the Service back", lambda: api.core.list_namespaced_service(api.ns).items, 30)
-    api.core.delete_namespaced_config_map("drift-runtime", api.ns)
+    config_map = mounted_config_map(new)
+    api.core.delete_namespaced_config_map(config_map, api.ns)
     wait_until("the ConfigMap back", lambda: any(
-        c.metadata.name == "drift-runtime" for c in api.core.list_namespaced_config_map(api.ns).items), 30)
+        c.metadata.name == config_map for c in api.core.list_namespaced_config_map(api.ns).items), 30)
 
 
 def test_deleting_a_model_collects_its_children(api, wait_until):
@@ -268,7 +275,9 @@ def test_secrets_stay_secret(api, operator, operator_rbac, wait_until):
     for name, value in (("hf-token", token), ("api-key", key)):
         api.core.create_namespaced_secret(api.ns, {"metadata": {"name": name}, "stringData": {"token": value}})
     api.apply(neuronmodel("private", {
-        "model": {"source": "hf://org/private", "tokenSecretRef": {"name": "hf-token"}}, "framework": "nxdi",
+        # a private repository: the operator never reads the token, so the spec names the commit it serves
+        "model": {"source": "hf://org/private", "revision": "0e9e39f249a16976918f6564b8830bc894c89659",
+                  "tokenSecretRef": {"name": "hf-token"}}, "framework": "nxdi",
         "instanceType": "inf2.48xlarge", "parallelism": {"tensorParallelDegree": 2}, "replicas": 1,
         "server": {"apiKeySecretRef": {"name": "api-key"}}}))
     api.phase("private", "Ready")
@@ -277,7 +286,8 @@ def test_secrets_stay_secret(api, operator, operator_rbac, wait_until):
     assert runtime_env["NEURONMODEL_API_KEY"].value_from.secret_key_ref.name == "api-key"
     (fetch,) = template.init_containers
     assert {e.name: e for e in fetch.env}["HF_TOKEN"].value_from.secret_key_ref.name == "hf-token"
-    config = api.core.read_namespaced_config_map("private-runtime", api.ns).data["config.json"]
+    config = api.core.read_namespaced_config_map(mounted_config_map(api.deployment("private")), api.ns) \
+        .data["config.json"]
     assert key not in config and token not in config
     log = operator.log.read_text()
     assert "private" in log and key not in log and token not in log

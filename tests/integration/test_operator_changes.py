@@ -10,6 +10,7 @@ import time
 import pytest
 from kubernetes import client as kube
 
+from fake_hf_hub import FakeHub
 from k8s.operator_process import OperatorProcess
 from neuronmodel_operator import images
 from test_operator import TINY_SPEC, neuronmodel
@@ -217,3 +218,30 @@ def test_an_old_pod_restarted_mid_rollout_reads_its_own_config(api, wait_until):
     assert old.immutable and new.immutable
     assert '"max_num_seqs": 2' in old.data["config.json"] and '"max_num_seqs": 4' in new.data["config.json"]
     assert api.get("rolling")["status"]["readyReplicas"] == 2  # never below the serving count
+
+
+def fetched_revisions(pod_spec) -> list[str]:
+    return [init.command[init.command.index("--revision") + 1] for init in pod_spec.init_containers or []]
+
+
+def test_an_unpinned_hf_source_serves_one_commit_on_every_replica(api, operator, operator_rbac, control_plane,
+                                                                  wait_until):
+    with FakeHub("org/tiny", {"config.json": b"{}"}) as hub:
+        operator.stop()
+        pinning = OperatorProcess(operator_rbac.kubeconfig, control_plane.data_dir / "logs" / "operator-hub.log",
+                                  operator.image, env={"HF_ENDPOINT": hub.url})  # a mirror, as HF_ENDPOINT names one
+        try:
+            pinning.start(timeout=60)
+            api.apply(neuronmodel("pinned", {**TINY_SPEC, "model": {"source": "hf://org/tiny"}}))
+            first = hub.commit
+            resolved = settled(api, "pinned")["status"]["resolved"]
+            assert resolved["modelRevision"] == first and resolved["revisions"] == {"hf://org/tiny@": first}
+            hub.commit = "feed" * 10  # main moves on the Hub
+            api.patch("pinned", {"replicas": 3})
+            wait_until("3 ready", lambda: ready_count(api, "pinned") == 3, 90)
+            pods = api.core.list_namespaced_pod(api.ns, label_selector="neuronmodel.dev/name=pinned").items
+            assert len(pods) == 3 and all(fetched_revisions(p.spec) == [first] for p in pods)
+            assert api.get("pinned")["status"]["resolved"]["compileKey"] == resolved["compileKey"]
+        finally:
+            pinning.stop()
+            operator.start()

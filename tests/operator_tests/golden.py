@@ -21,7 +21,7 @@ from neuronmodel_operator.resolve import OperatorDefaults
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 #: The operator's defaults: each case's image chosen per instance family and framework (images.py), at a fixed
 #: version so the files do not change with the package's.
-DEFAULTS = OperatorDefaults(hpa_metric=api.DEFAULT_HPA_METRIC, image_version="0.1.0")
+DEFAULTS = OperatorDefaults(hpa_metric=api.DEFAULT_HPA_METRIC, image_version="0.1.0", allow_host_path=True)
 #: Labels a Helm release or Argo CD puts on the NeuronModel; never copied onto children.
 OWNER_LABELS = {"app.kubernetes.io/managed-by": "Helm", "helm.sh/chart": "llm-serving-1.2.0",
                 "app.kubernetes.io/instance": "release-a", "team": "ml-platform"}
@@ -88,6 +88,10 @@ CASES: dict[str, dict[str, Any]] = {
     "whole-device": _body("mistral-7b", {
         "model": {"source": "hf://mistralai/Mistral-7B-Instruct-v0.3"}, "instanceType": "inf2.24xlarge",
         "parallelism": {"tensorParallelDegree": 4}, "neuronResource": "neuron", "replicas": 1}),
+    # The Neuron DRA driver instead of the device plugin: a ResourceClaimTemplate of 4 connected trn2 devices, LNC 2.
+    "trn2-dra": _body("qwen-32b", {
+        "model": {"source": "hf://Qwen/Qwen2.5-32B-Instruct", "parameters": "32B"}, "instanceType": "trn2.48xlarge",
+        "parallelism": {"tensorParallelDegree": 16}, "deviceAllocation": "dra", "replicas": 2}),
     # Three replicas: a PodDisruptionBudget; a rollout that trades one replica for no surge.
     "replicas-3": _body("smollm", {
         "model": {"source": "hf://HuggingFaceTB/SmolLM2-135M-Instruct"}, "instanceType": "inf2.xlarge",

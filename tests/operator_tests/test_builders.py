@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -53,6 +54,11 @@ def runtime_container(template: dict[str, Any]) -> dict[str, Any]:
 
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in container.get("env", [])}
+
+
+def serve_spec(target: builders.Target) -> dict[str, Any]:
+    """The PodSpec of a serving pod of `target`."""
+    return builders.pod_spec(target, pod.SERVE_COMMAND, "serve", builders.runtime_configmap_name(target))
 
 
 def config_of(children: list[dict[str, Any]], suffix: str = "-runtime") -> dict[str, Any]:
@@ -119,12 +125,11 @@ def test_compile_job_only_when_the_cache_policy_asks():
 
 def test_a_new_config_rolls_the_pods():
     before, after = golden.target("inf2-hf"), golden.target("inf2-hf", server={"port": 8080})
-    assert builders.config_hash(before) != builders.config_hash(after)
-    annotation = api.ANNOTATION_CONFIG_HASH
-    assert builders.deployment(before)["spec"]["template"]["metadata"]["annotations"][annotation] == \
-        builders.config_hash(before)
-    assert builders.deployment(after)["spec"]["template"]["metadata"]["annotations"][annotation] == \
-        builders.config_hash(after)
+    assert builders.runtime_configmap_name(before) != builders.runtime_configmap_name(after)
+    for t in (before, after):  # each revision's pods read the ConfigMap named by its own content
+        assert builders.configmap(t)["metadata"]["name"] == builders.runtime_configmap_name(t)
+        assert {"name": "config", "configMap": {"name": builders.runtime_configmap_name(t)}} in \
+            builders.deployment(t)["spec"]["template"]["spec"]["volumes"]
 
 
 # Secrets
@@ -174,7 +179,7 @@ def test_neuron_request_is_tp_over_nodes_neuroncores_or_whole_devices(case):
         assert neuron == {k: v for k, v in limits.items() if k.startswith("aws.amazon.com/")}, where
         tp = spec.get("parallelism", {}).get("tensorParallelDegree", 1)
         nodes = spec.get("parallelism", {}).get("nodes", 1)
-        if spec.get("framework") == "torch":
+        if spec.get("framework") == "torch" or spec.get("deviceAllocation") == "dra":  # dra: a claim instead
             assert neuron == {}
         elif spec.get("neuronResource") == "neuron":
             assert neuron == {"aws.amazon.com/neuron": "2"}  # TP 4 on inf2: 2 cores per device
@@ -200,7 +205,7 @@ def test_placement_on_neuron_nodes():
 
 def test_spec_node_selector_cannot_move_pods_off_the_resolved_instance_type():
     t = golden.target("inf2-hf", nodeSelector={"node.kubernetes.io/instance-type": "m5.large", "zone": "a"})
-    assert builders.pod_spec(t, pod.SERVE_COMMAND, "serve")["nodeSelector"] == {
+    assert serve_spec(t)["nodeSelector"] == {
         "node.kubernetes.io/instance-type": "inf2.xlarge", "zone": "a"}
 
 
@@ -252,7 +257,8 @@ def test_compile_key_change_renames_the_job():
     more = golden.target("trn1-s3-cache", replicas=4)
     job = lambda t: one(builders.compile_children(t), "Job")  # noqa: E731
     assert job(base)["metadata"]["name"] != job(bigger)["metadata"]["name"]
-    assert job(base)["metadata"]["name"] == f"llama-8b-compile-{base.resolved.compile_key[:10]}"
+    assert job(base)["metadata"]["name"] == builders.compile_name(base)
+    assert job(base)["metadata"]["name"].startswith("llama-8b-compile-")
     assert job(base)["metadata"]["annotations"][api.ANNOTATION_COMPILE_KEY] == base.resolved.compile_key
     assert job(more) == job(base)  # replicas do not change the compiled graphs
     cm = one(builders.compile_children(base), "ConfigMap")
@@ -334,8 +340,9 @@ def test_served_spec_annotation_round_trips():
     for case in CASES:
         t = golden.target(case)
         workload = next(c for c in builders.serving_children(t) if c["kind"] in ("Deployment", "LeaderWorkerSet"))
-        served = json.loads(workload["metadata"]["annotations"][api.ANNOTATION_SERVED_SPEC])
-        assert api.parse_spec(served) == t.spec
+        served = json.loads(workload["metadata"]["annotations"][api.ANNOTATION_SERVED])
+        assert api.parse_spec(served["spec"]) == t.spec
+        assert served["resolved"] == json.loads(json.dumps(dataclasses.asdict(t.resolved)))
 
 
 # Security
@@ -355,7 +362,7 @@ def test_restricted_security_context_on_every_container(case):
             assert sc["allowPrivilegeEscalation"] is False, (where, c["name"])
             assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
         volumes = {v["name"]: v for v in spec["volumes"]}
-        assert volumes["shm"] == {"name": "shm", "emptyDir": {"medium": "Memory"}}
+        assert volumes["shm"]["emptyDir"]["medium"] == "Memory"
         mounts = {m["mountPath"]: m["name"] for m in runtime_container(template)["volumeMounts"]}
         for path, volume in {"/tmp": "tmp", "/dev/shm": "shm", "/var/cache/neuronmodel": "cache",
                              "/var/tmp": "neuron-cache", "/etc/neuronmodel": "config"}.items():
@@ -475,7 +482,7 @@ def test_node_path_model_is_mounted_at_the_same_path():
     t = golden.target("tiny-torch")
     path = "/opt/neuronmodel/models/tiny"
     assert builders.runtime_config(t)["model"] == path
-    spec = builders.pod_spec(t, pod.SERVE_COMMAND, "serve")
+    spec = serve_spec(t)
     assert {"name": "model", "hostPath": {"path": path, "type": "Directory"}} in spec["volumes"]
     assert {"name": "model", "mountPath": path, "readOnly": True} in spec["containers"][0]["volumeMounts"]
     assert "initContainers" not in spec
@@ -485,17 +492,17 @@ def test_downloaded_models_come_from_init_containers():
     t = golden.target("draft-hf")
     config = builders.runtime_config(t)
     assert (config["model"], config["speculation"]["draft_model"]) == ("/models/model", "/models/draft")
-    spec = builders.pod_spec(t, pod.SERVE_COMMAND, "serve")
+    spec = serve_spec(t)
     assert [i["name"] for i in spec["initContainers"]] == ["fetch-model", "fetch-draft"]
     assert spec["initContainers"][0]["command"] == [
         "neuronmodel-runtime", "fetch", "hf://meta-llama/Llama-3.1-8B-Instruct", "/models/model"]
     assert spec["initContainers"][1]["command"] == [
         "neuronmodel-runtime", "fetch", "hf://meta-llama/Llama-3.2-1B-Instruct", "/models/draft", "--revision", "main"]
-    assert all(i["image"] == t.resolved.image and "resources" not in i for i in spec["initContainers"])
+    assert all(i["image"] == t.resolved.image for i in spec["initContainers"])
     assert {"name": "models", "mountPath": "/models"} in spec["initContainers"][0]["volumeMounts"]
-    assert [v for v in spec["volumes"] if v["name"] == "models"] == [{"name": "models", "emptyDir": {}}]
+    assert [v["emptyDir"] for v in spec["volumes"] if v["name"] == "models"] == [{"sizeLimit": "24Gi"}]
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in spec["containers"][0]["volumeMounts"]
-    pinned = builders.pod_spec(golden.target("inf2-hf"), pod.SERVE_COMMAND, "serve")["initContainers"][0]
+    pinned = serve_spec(golden.target("inf2-hf"))["initContainers"][0]
     assert pinned["command"][-2:] == ["--revision", "9213176726f574b556790deb65791e0c5aa438b6"]
 
 
@@ -504,7 +511,7 @@ def test_pvc_sources_and_caches():
     config = builders.runtime_config(t)
     assert config["model"] == "/mnt/model/llama-3.1-405b-instruct"
     assert config["compile_cache"]["url"] == "/mnt/compile-cache/llama-405b"
-    spec = builders.pod_spec(t, pod.SERVE_COMMAND, "serve")
+    spec = serve_spec(t)
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "model-store", "readOnly": True}
     assert volumes["compile-cache"]["persistentVolumeClaim"] == {"claimName": "neuron-cache"}
@@ -516,11 +523,11 @@ def test_pvc_sources_and_caches():
 def test_s3_and_node_path_caches():
     s3 = golden.target("trn1-s3-cache")
     assert builders.runtime_config(s3)["compile_cache"]["url"] == "s3://acme-neuron-cache/prod"
-    assert "compile-cache" not in {v["name"] for v in builders.pod_spec(s3, pod.SERVE_COMMAND, "serve")["volumes"]}
+    assert "compile-cache" not in {v["name"] for v in serve_spec(s3)["volumes"]}
     node = golden.target("prompt-lookup")
     path = "/var/lib/neuronmodel/compile-cache"
     assert builders.runtime_config(node)["compile_cache"]["url"] == path
-    spec = builders.pod_spec(node, pod.SERVE_COMMAND, "serve")
+    spec = serve_spec(node)
     assert {"name": "compile-cache", "hostPath": {"path": path, "type": "DirectoryOrCreate"}} in spec["volumes"]
     assert {"name": "compile-cache", "mountPath": path} in spec["containers"][0]["volumeMounts"]
 
@@ -530,7 +537,7 @@ def test_one_rule_places_sources_for_config_and_pod():
     for case in CASES:
         t = golden.target(case)
         config = builders.runtime_config(t)
-        mounts = [m["mountPath"] for m in builders.pod_spec(t, pod.SERVE_COMMAND, "serve")["containers"][0][
+        mounts = [m["mountPath"] for m in serve_spec(t)["containers"][0][
             "volumeMounts"]]
         for path in (config["model"], config["speculation"]["draft_model"], config["compile_cache"]["url"]):
             if path is None or path.startswith("s3://"):
@@ -553,3 +560,105 @@ def test_pvc_claim_without_a_path_is_the_claim_root():
     assert sources.source_mount("pvc://store", "model").path == "/mnt/model"
     assert sources.source_mount("pvc://store/", "draft").path == "/mnt/draft"
     assert sources.source_mount("pvc://store/a/b/", "model").path == "/mnt/model/a/b"
+
+
+# Placement and sizing
+
+def _gib(quantity: str) -> int:
+    assert quantity.endswith("Gi"), quantity
+    return int(quantity.removesuffix("Gi"))
+
+
+def test_partial_node_pods_ask_for_the_neuron_scheduler_extension():
+    """More than one but not all of a node's NeuronCores (or devices): the extension's scheduler, on the serving
+    and the compile pods alike (the Job's pod takes the same cores)."""
+    scheduler = {f"{case} {where}": template["spec"].get("schedulerName") for case in CASES
+                 for where, template in pod_templates(golden.children(case))}
+    assert scheduler == {
+        "tiny-torch Deployment": None,
+        "inf2-hf Deployment": None,  # TP 2 on inf2.xlarge: the whole node
+        "trn1-s3-cache Job": "my-scheduler", "trn1-s3-cache Deployment": "my-scheduler",  # 8 of 32
+        "trn2-lnc-autoscale Job": "my-scheduler", "trn2-lnc-autoscale Deployment": "my-scheduler",  # spec's
+        "draft-hf Deployment": "my-scheduler",  # 8 of 24
+        "prompt-lookup Deployment": None,  # 2 of 2
+        "multinode-lws Job": None, "multinode-lws LeaderWorkerSet.leaderTemplate": None,  # 32 of 32 per node
+        "multinode-lws LeaderWorkerSet.workerTemplate": None,
+        "whole-device Deployment": "my-scheduler",  # 2 of inf2.24xlarge's 6 devices
+        "replicas-3 Deployment": None,  # one NeuronCore is always contiguous
+        "trn2-dra Deployment": None,  # the DRA driver places the devices
+    }
+    custom = golden.target("inf2-hf", schedulerName="volcano")
+    assert builders.deployment(custom)["spec"]["template"]["spec"]["schedulerName"] == "volcano"
+
+
+def test_without_a_configured_neuron_scheduler_the_partial_model_says_why():
+    off = dataclasses.replace(golden.DEFAULTS, neuron_scheduler_name=None)
+    t = builders.target_from_body(golden.CASES["draft-hf"], off)
+    assert "schedulerName" not in builders.deployment(t)["spec"]["template"]["spec"]
+    (warning,) = t.resolved.warnings
+    assert "contiguous" in warning and "--neuron-scheduler-name" in warning and "neuronSchedulerName" in warning
+
+
+def test_runtime_requests_default_to_the_pods_share_of_its_node():
+    # 8 of inf2.48xlarge's 24 NeuronCores: a third of the node (192 vCPU, 768 GiB) less the system's reserve
+    requests = runtime_container(serving_template(golden.children("draft-hf")))["resources"]["requests"]
+    cpu, memory = int(requests["cpu"].removesuffix("m")), int(requests["memory"].removesuffix("Mi"))
+    assert 0.9 * 192_000 / 3 <= cpu <= (192_000 - 1000) / 3
+    assert 0.9 * 768 * 1024 / 3 <= memory <= (768 - 2) * 1024 / 3
+    assert requests["aws.amazon.com/neuroncore"] == "8"
+    # a 70B model on a quarter of a trn1.32xlarge: the RAM it loads into (~163 GiB), more than its share (~123 GiB)
+    big = golden.target("trn1-s3-cache", model={"source": "s3://acme-models/llama-70b", "parameters": "70B"})
+    memory = runtime_container(builders.deployment(big)["spec"]["template"])["resources"]["requests"]["memory"]
+    assert 70e9 * 2 * 1.25 / 2**20 <= int(memory.removesuffix("Mi")) + 1 < 512 * 1024 / 3
+    # the torch runner: small; spec.resources wins key by key, a limit alone makes the request
+    torch = runtime_container(serving_template(builders.serving_children(golden.target("tiny-torch", resources=None))))
+    assert torch["resources"] == {"requests": {"cpu": "250m", "ephemeral-storage": "5Gi", "memory": "1Gi"}}
+    own = golden.target("tiny-torch", resources={"requests": {"cpu": "2"}, "limits": {"memory": "3Gi"}})
+    assert runtime_container(builders.deployment(own)["spec"]["template"])["resources"] == {
+        "requests": {"cpu": "2", "ephemeral-storage": "5Gi"}, "limits": {"memory": "3Gi"}}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_empty_dir_is_size_limited_and_its_storage_requested(case):
+    for where, template in pod_templates(golden.children(case)):
+        spec = template["spec"]
+        limits = {v["name"]: v["emptyDir"]["sizeLimit"] for v in spec["volumes"] if "emptyDir" in v}
+        assert set(limits) >= {"shm", "tmp", "cache", "neuron-cache"}, where
+        disk = sum(_gib(size) for name, v in limits.items() for size in [v] if name != "shm")
+        requests = runtime_container(template)["resources"]["requests"]
+        assert _gib(requests["ephemeral-storage"]) == disk, where
+        for init in spec.get("initContainers", []):  # a download fills the models emptyDir (and /tmp)
+            assert _gib(init["resources"]["requests"]["ephemeral-storage"]) == \
+                _gib(limits["models"]) + _gib(limits["tmp"]), (where, init["name"])
+        assert runtime_container(template)["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_storage_is_sized_from_the_parameter_count():
+    model = {"source": "hf://meta-llama/Llama-3.3-70B-Instruct", "parameters": "70B"}
+    sized = serve_spec(golden.target("inf2-hf", instanceType="inf2.48xlarge", model=model,
+                                     parallelism={"tensorParallelDegree": 24}))
+    limits = {v["name"]: _gib(v["emptyDir"]["sizeLimit"]) for v in sized["volumes"] if "emptyDir" in v}
+    weights = 70e9 * 2 / 2**30  # bfloat16: ~130 GiB
+    assert weights * 1.2 < limits["models"] <= weights * 1.2 + 2
+    assert limits["neuron-cache"] > 0.25 * weights and limits["cache"] > 0.1 * weights
+    default = {v["name"]: _gib(v["emptyDir"]["sizeLimit"]) for v in serve_spec(golden.target("inf2-hf"))["volumes"]
+               if "emptyDir" in v}
+    assert 16 * 1.2 < default["models"] < limits["models"]  # unset: sized for an 8B model
+    pre_sharded = golden.target("trn1-s3-cache", compileCache={"url": "s3://acme-neuron-cache/prod",
+                                                                "shardedWeights": True})
+    cache = lambda t: next(v for v in serve_spec(t)["volumes"] if v["name"] == "cache")  # noqa: E731
+    assert _gib(cache(pre_sharded)["emptyDir"]["sizeLimit"]) >= _gib(
+        cache(golden.target("trn1-s3-cache"))["emptyDir"]["sizeLimit"]) + 16  # and the weights with them
+
+
+def test_serving_replicas_spread_over_nodes_and_zones():
+    spread = serving_template(golden.children("replicas-3"))["spec"]["topologySpreadConstraints"]
+    labels = serving_template(golden.children("replicas-3"))["metadata"]["labels"]
+    assert [(c["topologyKey"], c["whenUnsatisfiable"], c["maxSkew"]) for c in spread] == [
+        ("kubernetes.io/hostname", "ScheduleAnyway", 1), ("topology.kubernetes.io/zone", "ScheduleAnyway", 1)]
+    for constraint in spread:
+        assert constraint["labelSelector"]["matchLabels"].items() <= labels.items()
+    job = next(t for where, t in pod_templates(golden.children("trn1-s3-cache")) if where == "Job")
+    assert "topologySpreadConstraints" not in job["spec"]
+    for _, template in pod_templates(golden.children("multinode-lws")):  # a group stays together
+        assert "topologySpreadConstraints" not in template["spec"]

@@ -7,6 +7,8 @@ tests/integration/test_crd_admission.py.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -18,7 +20,8 @@ from neuronmodel_operator import api, crdgen, devices, resolve
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "neuronmodels.neuronmodel.dev.yaml"
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
-DEFAULTS = resolve.OperatorDefaults(hpa_metric=api.DEFAULT_HPA_METRIC)  # images per family (images.py)
+# images per family (images.py); node paths allowed: the tiny-torch sample serves one (--allow-host-path)
+DEFAULTS = resolve.OperatorDefaults(hpa_metric=api.DEFAULT_HPA_METRIC, allow_host_path=True)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +92,60 @@ def test_main_writes_the_file(tmp_path):
     out = tmp_path / "crd.yaml"
     assert crdgen.main([str(out)]) == 0
     assert out.read_text() == crdgen.dump(crdgen.crd())
+
+
+# --- the schema revision ------------------------------------------------------------------------------------------
+# The operator refuses a CRD older than api.CRD_REVISION (crd_check.py), so a schema change without a bump would let
+# a new operator run on an old CRD. crd_revisions.json records the schema's sha256 at each revision.
+
+REVISIONS_FILE = Path(__file__).with_name("crd_revisions.json")
+
+
+def _undocumented(node, names: bool = False):
+    """`node` without descriptions (`names`: a `properties` map, whose keys are field names, not keywords)."""
+    if isinstance(node, list):
+        return [_undocumented(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return {key: _undocumented(value, key == "properties") for key, value in node.items()
+            if names or key != "description"}
+
+
+def schema_sha256(crd: dict) -> str:
+    """sha256 of what an installed CRD enforces: its spec (names, schema, defaults, CEL rules, subresources, columns);
+    descriptions left out, since a reworded one makes no installed CRD too old."""
+    canonical = json.dumps(_undocumented(crd["spec"]), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_a_schema_change_bumps_the_crd_revision(crd):
+    recorded = json.loads(REVISIONS_FILE.read_text())
+    digest, revision = schema_sha256(crd), api.CRD_REVISION
+    where = f"tests/operator_tests/{REVISIONS_FILE.name}"
+    assert str(revision) in recorded, f'api.CRD_REVISION is {revision}: add "{revision}": "{digest}" to {where}'
+    assert recorded[str(revision)] == digest, (
+        f"the CRD schema changed since revision {revision} (sha256 {digest}): bump api.CRD_REVISION to "
+        f'{revision + 1} and add "{revision + 1}": "{digest}" to {where}, or an operator with this schema runs on '
+        "clusters that keep the old CRD")
+    assert max(map(int, recorded)) == revision, f"{where} records revisions after api.CRD_REVISION {revision}"
+    assert len(set(recorded.values())) == len(recorded), f"{where}: two revisions with one schema"
+
+
+def test_the_crd_declares_its_revision(crd):
+    assert crd["metadata"]["annotations"] == {"neuronmodel.dev/crd-revision": str(api.CRD_REVISION)}
+
+
+def test_the_schema_hash_ignores_descriptions_only(crd):
+    reworded, changed = copy.deepcopy(crd), copy.deepcopy(crd)
+    spec = reworded["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["replicas"]["description"] = "reworded"
+    changed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["replicas"][
+        "maximum"] = 2000
+    assert schema_sha256(reworded) == schema_sha256(crd) != schema_sha256(changed)
+    named = copy.deepcopy(crd)  # a field called `description` is a field, not a keyword
+    named["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["description"] = \
+        {"type": "string"}
+    assert schema_sha256(named) != schema_sha256(crd)
 
 
 # --- the schema ---------------------------------------------------------------------------------------------------
@@ -177,7 +234,7 @@ def test_nested_defaults_are_the_pydantic_defaults(schema):
 def test_cel_rules_are_attached_where_api_py_puts_them(schema):
     spec = schema["properties"]["spec"]
     rules = {r["rule"]: r["message"] for r in spec["x-kubernetes-validations"]}
-    assert rules["has(self.replicas) != has(self.autoscaling)"].startswith("set exactly one of spec.replicas")
+    assert rules["!(has(self.replicas) && has(self.autoscaling))"].startswith("set at most one of spec.replicas")
     tp_rules = [m for m in rules.values() if "tensorParallelDegree / nodes" in m]
     assert len(tp_rules) == sum(len(f.lnc_choices) for f in devices.FAMILIES.values())
     nested = {path: [r["message"] for r in node["x-kubernetes-validations"]]

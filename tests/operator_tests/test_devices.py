@@ -326,3 +326,80 @@ def test_a_model_no_single_node_holds_points_to_a_multi_node_shape():
     nodes, tp = int(shape.group(1)), int(shape.group(2))
     assert tp % nodes == 0 and tp // nodes in NXDI_TP["inf2"] and tp // nodes <= 24
     assert tp * 16 >= weights_gib(405e9, 2)
+
+
+# --- host CPU and RAM: the automatic choice, the default requests ----------------------------------------------
+
+#: name -> (vCPUs, host memory GiB), from the AWS instance-type pages (Inf2, Trn1, Trn2)
+HOST = {
+    "inf2.xlarge": (4, 16), "inf2.8xlarge": (32, 128), "inf2.24xlarge": (96, 384), "inf2.48xlarge": (192, 768),
+    "trn1.2xlarge": (8, 32), "trn1.32xlarge": (128, 512), "trn1n.32xlarge": (128, 512),
+    "trn2.3xlarge": (12, 128), "trn2.48xlarge": (192, 2048), "trn2u.48xlarge": (192, 2048),
+}
+
+
+def _millicores(quantity: str) -> int:
+    return int(quantity.removesuffix("m")) if quantity.endswith("m") else int(quantity) * 1000
+
+
+def _mib(quantity: str) -> int:
+    assert quantity.endswith("Mi"), quantity
+    return int(quantity.removesuffix("Mi"))
+
+
+@pytest.mark.parametrize("name", sorted(HOST))
+def test_host_cpu_and_memory_match_the_instance_page(name):
+    assert (it(name).vcpus, it(name).memory_gib) == HOST[name]
+
+
+@pytest.mark.parametrize("name", sorted(HOST))
+def test_a_node_full_of_pods_fits_its_allocatable_with_room_for_the_system(name):
+    """However a node is split, its pods' default requests leave at least 1 vCPU and 2 GiB (kubelet, DaemonSets) and
+    each pod gets its share of the node's NeuronCores of the rest: at least 90% of it."""
+    instance, lnc = it(name), devices.lnc_of(it(name), None)
+    vcpus, gib = HOST[name]
+    for cores in {1, *devices.legal_tp_degrees(instance, lnc)}:
+        pods = instance.cores(lnc) // cores
+        requests = devices.default_requests(instance, lnc, cores)
+        cpu_m, mem_mib = _millicores(requests["cpu"]), _mib(requests["memory"])
+        assert pods * cpu_m <= vcpus * 1000 - 1000, (name, cores)
+        assert pods * mem_mib <= (gib - 2) * 1024, (name, cores)
+        share = cores / instance.cores(lnc)
+        assert cpu_m >= 0.9 * (vcpus * 1000 - 1000) * share - 1000 and cpu_m > 0, (name, cores)
+        assert mem_mib >= 0.9 * (gib - 2) * 1024 * share, (name, cores)
+
+
+def test_two_one_core_pods_on_one_inf2_device_each_get_half_the_node():
+    whole, half = (devices.default_requests(it("inf2.xlarge"), 1, cores) for cores in (2, 1))
+    assert _millicores(half["cpu"]) * 2 <= _millicores(whole["cpu"]) <= _millicores(half["cpu"]) * 2 + 1
+    assert _mib(half["memory"]) * 2 <= _mib(whole["memory"]) <= _mib(half["memory"]) * 2 + 1
+
+
+def test_an_8b_checkpoint_skips_the_16_gib_inf2_xlarge():
+    eight_b = devices.loading_gib(8e9, "bfloat16")
+    assert 15 * 1.2 < eight_b < 15 * 1.3  # ~15 GiB of weights, with the loading margin
+    assert not devices.host_fit(it("inf2.xlarge"), eight_b) and devices.host_fit(it("inf2.8xlarge"), eight_b)
+    assert devices.smallest_instance_for(2, "auto").name == "inf2.xlarge"
+    assert devices.smallest_instance_for(2, "auto", eight_b).name == "inf2.8xlarge"
+    assert devices.smallest_instance_for(2, "auto", devices.loading_gib(1e9, "bfloat16")).name == "inf2.xlarge"
+    assert devices.smallest_instance_for(8, "auto", devices.loading_gib(2e12, "bfloat16")) is None
+
+
+def test_host_memory_warning_names_a_larger_instance_or_pre_sharding():
+    eight_b = devices.loading_gib(8e9, "bfloat16")
+    assert devices.host_memory_warning(eight_b, it("inf2.8xlarge"), sharded=False) is None
+    warning = devices.host_memory_warning(eight_b, it("inf2.xlarge"), sharded=False)
+    assert "inf2.xlarge" in warning and "e.g. inf2.8xlarge" in warning and f"{eight_b:.0f} GiB" in warning
+    huge = devices.loading_gib(405e9, "bfloat16")
+    assert "shardedWeights" in devices.host_memory_warning(huge, it("trn1.32xlarge"), sharded=False)
+    assert "parallelism.nodes" in devices.host_memory_warning(huge, it("trn1.32xlarge"), sharded=True)
+
+
+def test_a_pod_requests_at_least_the_ram_its_weights_load_into():
+    trn1 = it("trn1.32xlarge")
+    share = _mib(devices.default_requests(trn1, 1, 8)["memory"])  # a quarter of the node
+    seventy_b = devices.loading_gib(70e9, "bfloat16")  # ~163 GiB: more than a quarter of 512 GiB
+    assert share < seventy_b * 1024 <= _mib(devices.default_requests(trn1, 1, 8, seventy_b)["memory"]) + 1
+    assert _mib(devices.default_requests(trn1, 1, 8, 1.0)["memory"]) == share  # the share when it is more
+    capped = _mib(devices.default_requests(trn1, 1, 8, 10_000)["memory"])  # never beyond what the node has
+    assert capped == _mib(devices.default_requests(trn1, 1, 32)["memory"])

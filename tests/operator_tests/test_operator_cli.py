@@ -25,7 +25,8 @@ ENV_NAMES = ("NEURONMODEL_OPERATOR_NAMESPACES", "NEURONMODEL_OPERATOR_LIVENESS",
              "NEURONMODEL_OPERATOR_WORKERS", "NEURONMODEL_OPERATOR_WATCH_TIMEOUT_S", "NEURONMODEL_RUNTIME_IMAGE",
              "NEURONMODEL_RUNTIME_IMAGE_REPOSITORY", "NEURONMODEL_RUNTIME_IMAGE_VERSION", "NEURONMODEL_HPA_METRIC",
              "NEURONMODEL_OPERATOR_COMPILE_CACHE_URL", "NEURONMODEL_OPERATOR_COMPILE_CACHE_POLICY",
-             "NEURONMODEL_OPERATOR_METRICS_PORT", "KUBECONFIG")
+             "NEURONMODEL_OPERATOR_METRICS_PORT", "NEURONMODEL_OPERATOR_NEURON_SCHEDULER_NAME",
+             "NEURONMODEL_OPERATOR_ALLOW_HOST_PATH", "KUBECONFIG")
 
 
 @pytest.fixture
@@ -182,6 +183,43 @@ def test_a_bad_operator_compile_cache_is_refused_at_start(env, url, capsys):
         parse("--compile-cache-url", "s3://ok/x", "--compile-cache-policy", "Sometimes")
 
 
+#: 8 of an inf2.48xlarge's 24 NeuronCores: a pod on part of a node
+PARTIAL = {"model": {"source": "hf://org/m"}, "instanceType": "inf2.48xlarge",
+           "parallelism": {"tensorParallelDegree": 8}}
+
+
+def _resolved(args, **spec):
+    return resolve(parse_spec({**PARTIAL, **spec}), cli.operator_defaults(args))
+
+
+def test_neuron_scheduler_name_flag_and_env(env):
+    assert _resolved(parse()).scheduler_name == "my-scheduler"  # the Neuron Helm chart's extension
+    assert _resolved(parse("--neuron-scheduler-name", "neuron-scheduler")).scheduler_name == "neuron-scheduler"
+    env.setenv("NEURONMODEL_OPERATOR_NEURON_SCHEDULER_NAME", "from-env")
+    assert _resolved(parse()).scheduler_name == "from-env"
+    off = _resolved(parse("--neuron-scheduler-name", ""))  # turned off: none, and a warning saying why
+    assert off.scheduler_name is None and "--neuron-scheduler-name" in off.warnings[0]
+    env.setenv("NEURONMODEL_OPERATOR_NEURON_SCHEDULER_NAME", "")
+    assert _resolved(parse()).scheduler_name is None
+
+
+def test_allow_host_path_flag_and_env(env):
+    node_path = {"model": {"source": "/var/lib/models/m"}}
+    with pytest.raises(api.SpecError, match="^spec.model.source: .*--allow-host-path"):
+        _resolved(parse(), **node_path)
+    assert _resolved(parse("--allow-host-path"), **node_path).instance_type == "inf2.48xlarge"
+    env.setenv("NEURONMODEL_OPERATOR_ALLOW_HOST_PATH", "true")
+    assert cli.operator_defaults(parse()).allow_host_path is True
+    assert cli.operator_defaults(parse("--no-allow-host-path")).allow_host_path is False  # the flag wins
+
+
+def test_a_node_path_operator_cache_needs_allow_host_path(env):
+    with pytest.raises(api.SpecError, match="'/var/cache/neuron' is a node path.*--allow-host-path"):
+        cli.operator_defaults(parse("--compile-cache-url", "/var/cache/neuron"))
+    allowed = cli.operator_defaults(parse("--compile-cache-url", "/var/cache/neuron", "--allow-host-path"))
+    assert allowed.compile_cache.url == "/var/cache/neuron"
+
+
 def test_operator_metrics(env):
     """/metrics: reconciles by result, their duration, and the watched NeuronModels by phase."""
     from prometheus_client import generate_latest
@@ -249,15 +287,10 @@ def settings():
     return s
 
 
-def test_progress_and_diffbase_in_annotations_under_our_prefix(settings):
-    progress = settings.persistence.progress_storage
-    assert isinstance(progress, kopf.AnnotationsProgressStorage)
-    assert progress.prefix == "neuronmodel.dev"
-    diffbase = settings.persistence.diffbase_storage
-    assert isinstance(diffbase, kopf.AnnotationsDiffBaseStorage)
-    assert diffbase.prefix == "neuronmodel.dev"
-    # nothing in .status: the CRD's structural schema would prune it, and kopf would re-run handlers forever
-    assert not isinstance(progress, (kopf.StatusProgressStorage, kopf.SmartProgressStorage))
+def test_kopf_persists_nothing_on_the_neuronmodels():
+    # no create/update/resume handlers: kopf never patches progress or a last-handled spec onto a NeuronModel
+    # (one write and one watch event per change); the raw event handler keys full runs on the generation
+    assert list(handlers.registry._changing.get_all_handlers()) == []
 
 
 def test_kopfs_own_events_are_off(settings):
@@ -286,6 +319,7 @@ CHILD_RESOURCES = [
     _resource("batch", "v1", "jobs", "Job"), _resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
     _resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler"),
     _resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"),
+    _resource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate"),
 ]
 NEURONMODEL = _resource(api.GROUP, api.VERSION, api.PLURAL, api.KIND)
 MANAGED = f"{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
@@ -319,8 +353,8 @@ def test_every_child_kind_has_an_event_handler():
     watchers = list(handlers.registry._watching.get_all_handlers())
     for resource in CHILD_RESOURCES:
         assert sum(h.selector.check(resource) for h in watchers) == 1, resource
-    # the NeuronModels' own watch only keeps the latest copy of each (no reconcile, no finalizer)
-    assert [h.id for h in watchers if h.selector.check(NEURONMODEL)] == ["model-cache"]
+    # one raw handler for the NeuronModels: it keeps the latest copy and runs a full reconcile of a new generation
+    assert [h.id for h in watchers if h.selector.check(NEURONMODEL)] == ["model"]
 
 
 # --- no finalizer, ever --------------------------------------------------------------------------------------
@@ -354,15 +388,7 @@ def test_kopf_decides_no_finalizer(resource, deleting):
 
 def test_no_timers_daemons_or_delete_handlers():
     assert list(handlers.registry._spawning.get_all_handlers()) == []  # timers and daemons live here
-    changing = list(handlers.registry._changing.get_all_handlers())
-    assert changing, "the NeuronModel create/update/resume handlers are registered"
-    for handler in changing:
-        assert isinstance(handler, kopf_handlers.ChangingHandler)
-        assert not handler.requires_finalizer, handler.id
-        assert handler.reason != causes.Reason.DELETE, handler.id
-        assert not handler.deleted, handler.id  # a resume handler that also runs on deletion
-        assert handler.selector.check(NEURONMODEL)
-    assert {h.reason for h in changing} == {causes.Reason.CREATE, causes.Reason.UPDATE, None}  # None: resume
+    assert list(handlers.registry._changing.get_all_handlers()) == []  # create/update/resume/delete live here
     assert list(handlers.registry._webhooks.get_all_handlers()) == []
     assert list(handlers.registry._indexing.get_all_handlers()) == []
 

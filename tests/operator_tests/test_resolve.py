@@ -106,10 +106,10 @@ def test_as_status_is_camel_case_and_valid():
 
 
 def test_fit_warning_reaches_resolved():
-    big = resolved(spec(model={"source": "/m", "parameters": "70B"}, instanceType="inf2.48xlarge",
+    big = resolved(spec(model={"source": "hf://org/m", "parameters": "70B"}, instanceType="inf2.48xlarge",
                         parallelism={"tensorParallelDegree": 8}))
     assert len(big.warnings) == 1 and "tensorParallelDegree" in big.warnings[0]
-    small = resolved(spec(model={"source": "/m", "parameters": "8B"}, parallelism={"tensorParallelDegree": 2}))
+    small = resolved(spec(model={"source": "hf://org/m", "parameters": "8B"}, parallelism={"tensorParallelDegree": 2}))
     assert small.warnings == ()
 
 
@@ -269,7 +269,7 @@ def test_compile_key_ignores_autoscaling_vs_replicas():
     ({"url": "s3://cache/prod"}, True),  # IfNotCached by default
     ({"url": "s3://cache/prod", "policy": "IfNotCached"}, True),
     ({"url": "pvc://claim/cache", "policy": "Always"}, True),
-    ({"url": "/var/cache/neuron", "policy": "Never"}, False),
+    ({"url": "pvc://claim/cache", "policy": "Never"}, False),
     ({"policy": "Always"}, False),  # nowhere to put the artifacts
 ])
 def test_compile_job_only_with_a_cache_url_and_policy_not_never(cache, job):
@@ -328,3 +328,95 @@ def test_compile_key_changes_with_the_image_chosen():
     newer = OperatorDefaults(image_repository="registry.example/nm", image_version="1.1")
     assert key(BASE, PER_FAMILY) != key(BASE, newer)
     assert key(BASE, PER_FAMILY) == key(copy.deepcopy(BASE), PER_FAMILY)
+
+
+# --- placement: the Neuron scheduler extension, host RAM, node paths -------------------------------------------
+
+def test_partial_node_pods_get_the_neuron_scheduler():
+    partial = resolved(spec(instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 8}))
+    assert partial.scheduler_name == "my-scheduler" and partial.warnings == ()
+    assert api.ResolvedStatus.model_validate(partial.as_status()).scheduler_name == "my-scheduler"
+    devices_ = resolved(spec(instanceType="trn1.32xlarge", parallelism={"tensorParallelDegree": 8},
+                             neuronResource="neuron"))
+    assert (devices_.neuron_resources, devices_.scheduler_name) == ({"aws.amazon.com/neuron": "4"}, "my-scheduler")
+
+
+@pytest.mark.parametrize("body", [
+    spec(instanceType="inf2.xlarge", parallelism={"tensorParallelDegree": 2}),  # the whole node
+    spec(instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 24}),
+    spec(instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 64}),
+    spec(instanceType="trn1.32xlarge", parallelism={"tensorParallelDegree": 64, "nodes": 2}),  # 32 per node: all
+    spec(instanceType="inf2.48xlarge"),  # one NeuronCore is always contiguous
+    spec(instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 4}, neuronResource="neuron"),  # 1 device
+    spec(framework="torch"),
+    spec(instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 8}, deviceAllocation="dra"),
+])
+def test_no_scheduler_where_the_device_plugin_has_no_choice_to_make(body):
+    r = resolved(body)
+    assert r.scheduler_name is None and "schedulerName" not in r.as_status() and r.warnings == ()
+
+
+def test_spec_scheduler_name_always_wins():
+    for body in (spec(instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 8}),
+                 spec(instanceType="inf2.xlarge", parallelism={"tensorParallelDegree": 2}), spec(framework="torch")):
+        assert resolved({**body, "schedulerName": "volcano"}).scheduler_name == "volcano"
+
+
+def test_without_a_neuron_scheduler_partial_pods_carry_a_warning():
+    off = OperatorDefaults(image="registry.example/neuronmodel-runtime:1.0", neuron_scheduler_name=None)
+    r = resolved(spec(instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 8}), off)
+    assert r.scheduler_name is None
+    (warning,) = r.warnings
+    assert "8 of the 24 NeuronCores" in warning and "contiguous" in warning
+    assert "--neuron-scheduler-name" in warning and "spec.schedulerName" in warning
+    assert resolved(spec(instanceType="inf2.xlarge", parallelism={"tensorParallelDegree": 2}), off).warnings == ()
+    named = resolved(spec(instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 8},
+                          schedulerName="my-scheduler"), off)
+    assert (named.scheduler_name, named.warnings) == ("my-scheduler", ())
+
+
+def test_automatic_instance_holds_the_weights_in_host_ram():
+    # TP 2: inf2.xlarge has the NeuronCores, but 16 GiB of RAM cannot load an 8B checkpoint (~15 GiB in bf16).
+    assert resolved(spec(parallelism={"tensorParallelDegree": 2})).instance_type == "inf2.xlarge"
+    assert resolved(spec(model={"source": "hf://org/m", "parameters": "1B"},
+                         parallelism={"tensorParallelDegree": 2})).instance_type == "inf2.xlarge"
+    eight = resolved(spec(model={"source": "hf://org/m", "parameters": "8B"}, parallelism={"tensorParallelDegree": 2}))
+    assert eight.instance_type == "inf2.8xlarge" and eight.warnings == ()
+
+
+def test_no_instance_has_the_host_ram():
+    message = refused(spec(model={"source": "hf://org/m", "parameters": "2T"}, parallelism={"tensorParallelDegree": 8}))
+    assert message.startswith("spec.model.parameters") and "host RAM" in message and "nodes" in message
+
+
+def test_an_explicit_instance_short_of_host_ram_is_warned_about():
+    r = resolved(spec(model={"source": "hf://org/m", "parameters": "8B"}, instanceType="inf2.xlarge",
+                      parallelism={"tensorParallelDegree": 2}))
+    (warning,) = r.warnings
+    assert "host RAM" in warning and "inf2.xlarge" in warning and "inf2.8xlarge" in warning
+    # 405B over two trn1.32xlarge: ~940 GiB to load whole; pre-sharded, each node loads its half
+    big = spec(model={"source": "hf://org/m", "parameters": "405B"}, instanceType="trn1.32xlarge",
+               parallelism={"tensorParallelDegree": 64, "nodes": 2}, compileCache={"url": "s3://c/p"})
+    (warning,) = resolved(big).warnings
+    assert "shardedWeights" in warning
+    assert resolved({**big, "compileCache": {"url": "s3://c/p", "shardedWeights": True}}).warnings == ()
+
+
+@pytest.mark.parametrize("body, field", [
+    (spec(model={"source": "/var/lib/models/tiny"}, framework="torch"), "spec.model.source"),
+    (spec(compileCache={"url": "/var/cache/neuron"}), "spec.compileCache.url"),
+    (spec(speculation={"mode": "draft", "draftModel": {"source": "/var/lib/models/draft"}}),
+     "spec.speculation.draftModel.source"),
+])
+def test_node_paths_need_the_operator_flag(body, field):
+    message = refused(body)
+    assert message.startswith(f"{field}: ") and "--allow-host-path" in message and "allowHostPath" in message
+    allowed = OperatorDefaults(image="registry.example/neuronmodel-runtime:1.0", allow_host_path=True)
+    assert resolved(body, allowed).image == allowed.image
+
+
+def test_dra_requests_no_extended_resources_and_whole_devices():
+    r = resolved(spec(instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 2}, deviceAllocation="dra"))
+    assert (r.neuron_resources, r.devices_per_pod, r.cores_per_pod) == ({}, 1, 2)
+    half = resolved(spec(instanceType="trn2.48xlarge", deviceAllocation="dra"))  # 1 of a device's 4 cores
+    assert (half.devices_per_pod, half.cores_per_pod) == (1, 4)

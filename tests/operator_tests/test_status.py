@@ -30,15 +30,50 @@ def stamp(minutes: float) -> str:
 # --- factories: objects shaped as the API server returns them ------------------------------------------------
 
 def deployment(desired=3, ready=0, total=None, available=None, updated=None, generation=1, observed_generation=1,
-               conditions=(), kind="Deployment") -> dict:
+               conditions=()) -> dict:
     state = {"observedGeneration": observed_generation, "replicas": desired if total is None else total,
              "readyReplicas": ready, "availableReplicas": ready if available is None else available,
              "updatedReplicas": desired if updated is None else updated, "conditions": list(conditions)}
-    if kind == "LeaderWorkerSet":
-        del state["availableReplicas"], state["observedGeneration"]
-    return {"apiVersion": "apps/v1", "kind": kind,
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "llama", "namespace": "team", "generation": generation},
             "spec": {"replicas": desired}, "status": {k: v for k, v in state.items() if v != 0}}
+
+
+def lws_condition(type_: str, status: str = "True", observed_generation=None) -> dict:
+    """A condition as the LWS controller's makeCondition writes it (v0.7.0 leaderworkerset_controller.go:779-804;
+    v0.9.0+ adds ObservedGeneration: v0.10.0 :899)."""
+    reason, message = {"Available": ("AllGroupsReady", "All replicas are ready"),
+                       "Progressing": ("GroupsProgressing", "Replicas are progressing"),
+                       "UpdateInProgress": ("GroupsUpdating", "Rolling Upgrade is in progress")}[type_]
+    condition = {"type": type_, "status": status, "reason": reason, "message": message,
+                 "lastTransitionTime": stamp(10)}
+    if observed_generation is not None:
+        condition["observedGeneration"] = observed_generation
+    return condition
+
+
+def lws(desired=2, ready=0, total=None, updated=None, generation=1, conditions=(), observed_generation=None) -> dict:
+    """A LeaderWorkerSet as its controller writes the status. v0.7.0 (api/leaderworkerset/v1/
+    leaderworkerset_types.go:337-354): conditions, readyReplicas, updatedReplicas, replicas, hpaPodSelector, each
+    `omitempty` (a zero count is absent), and no observedGeneration; `observed_generation` gives the v0.9.0+ shape
+    (types.go:389 at v0.9.0, set by updateStatus: leaderworkerset_controller.go:536-538 at v0.10.0)."""
+    state = {"conditions": list(conditions), "readyReplicas": ready,
+             "updatedReplicas": desired if updated is None else updated,
+             "replicas": desired if total is None else total,
+             "hpaPodSelector": "leaderworkerset.sigs.k8s.io/name=llama-lws,leaderworkerset.sigs.k8s.io/worker-index=0",
+             "observedGeneration": observed_generation}
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": "llama-lws", "namespace": "team", "generation": generation},
+            "spec": {"replicas": desired, "leaderWorkerTemplate": {"size": 2}},
+            "status": {k: v for k, v in state.items() if v}}
+
+
+#: v0.7's conditions once every group is ready on the current revision: Available appended True, and Progressing
+#: (and UpdateInProgress, after an update) turned False by setCondition's exclusivity (controller.go:815-848).
+LWS_SETTLED = (lws_condition("Progressing", "False"), lws_condition("Available"),
+               lws_condition("UpdateInProgress", "False"))
+#: v0.7's conditions while a template update rolls (updateConditions, controller.go:456-461).
+LWS_UPDATING = (lws_condition("Progressing"), lws_condition("Available", "False"), lws_condition("UpdateInProgress"))
 
 
 def job(active=0, failed=0, start=None, completion=None, conditions=(), backoff_limit=4) -> dict:
@@ -295,10 +330,58 @@ def test_held_rollout_is_compiling_while_old_pods_stay_available():
 
 
 def test_leaderworkerset_availability_comes_from_ready_groups():
-    workload = deployment(desired=2, ready=1, kind="LeaderWorkerSet")
+    workload = lws(desired=2, ready=1, conditions=[lws_condition("Progressing")])
     current = run(observe(desired_replicas=2, workload=workload, pods=[pod(ready=True, ready_at=25), pod("w-1")]))
     assert current["phase"] == "Degraded"
     assert cond(current, "Available")["status"] == "True"
+
+
+def lws_pods(groups=2) -> list[dict]:
+    """Leader and worker pods of `groups` ready groups (two nodes each)."""
+    return [pod(f"llama-lws-{g}{suffix}", ready=True, ready_at=25) for g in range(groups) for suffix in ("", "-1")]
+
+
+def test_leaderworkerset_v0_7_settled_status_is_ready():
+    """v0.7.0 publishes no status.observedGeneration (it came in v0.9.0): a settled status, as its controller writes
+    it (updateConditions and updateStatus, leaderworkerset_controller.go:379-534 at v0.7.0: counts of ready and
+    updated groups, Available True once all are), is a complete rollout; reading a missing observedGeneration as 0
+    kept every multi-node model RollingOut forever."""
+    current = run(observe(desired_replicas=2, workload=lws(ready=2, conditions=LWS_SETTLED), pods=lws_pods()))
+    assert (current["phase"], cond(current, "Ready")["reason"]) == ("Ready", "Ready")
+    assert cond(current, "Progressing")["reason"] == "RolloutComplete"
+    assert (current["replicas"], current["readyReplicas"], current["ready"]) == (2, 2, "2/2")
+    fresh = run(observe(desired_replicas=2, workload=lws(ready=2, generation=1, conditions=LWS_SETTLED[:2]),
+                        pods=lws_pods()))  # created and never updated: no UpdateInProgress condition at all
+    assert fresh["phase"] == "Ready"
+
+
+@pytest.mark.parametrize("workload", [
+    # a template update the controller has seen: UpdateInProgress, one group updated, the surge group counted
+    lws(ready=2, total=3, updated=1, generation=2, conditions=LWS_UPDATING),
+    # counts that look done under conditions that say the update is not (v0.7 writes both in one pass, so this
+    # guards against the two disagreeing: the conditions win)
+    lws(ready=2, generation=2, conditions=LWS_UPDATING),
+    # replicas 2 -> 3 applied, the status still the settled one of 2 groups: the counts give it away
+    lws(desired=3, ready=2, total=2, updated=2, generation=2, conditions=LWS_SETTLED),
+    # created, its controller has not written a status yet
+    {**lws(), "status": {}},
+], ids=["updating", "update-not-done", "stale-after-scale", "no-status-yet"])
+def test_leaderworkerset_v0_7_status_in_flight_is_not_ready(workload):
+    current = run(observe(desired_replicas=2, workload=workload, pods=lws_pods()))
+    assert current["phase"] != "Ready"
+    assert cond(current, "Progressing")["reason"] != "RolloutComplete"
+
+
+def test_leaderworkerset_with_observed_generation_uses_it():
+    """v0.9.0+ (status.observedGeneration, types.go:389; conditions carry it too, controller.go:899 at v0.10.0):
+    a status of an older generation is stale even when its conditions say Available."""
+    settled = [lws_condition("Available", observed_generation=1), lws_condition("Progressing", "False", 1)]
+    stale = lws(ready=2, generation=2, observed_generation=1, conditions=settled)
+    current = run(observe(desired_replicas=2, workload=stale, pods=lws_pods()))
+    assert (current["phase"], cond(current, "Ready")["reason"]) == ("Loading", "RollingOut")
+    seen = lws(ready=2, generation=2, observed_generation=2,
+               conditions=[{**c, "observedGeneration": 2} for c in settled])
+    assert run(observe(desired_replicas=2, workload=seen, pods=lws_pods()))["phase"] == "Ready"
 
 
 def test_desired_is_the_workloads_own_replicas():
@@ -436,3 +519,98 @@ def test_merge_patch_removes_keys_that_went_away():
     assert patch["resolved"] is None
     assert patch["timings"] == {"loadSeconds": None, "timeToReadySeconds": None}
     assert patch["conditions"] == failed["conditions"]
+
+
+# --- autoscaling: the HPA's conditions -----------------------------------------------------------------------
+
+NO_METRICS = ("the HPA was unable to compute the replica count: unable to get metric vllm:num_requests_waiting: "
+              "unable to fetch metrics from custom metrics API: no custom metrics API (custom.metrics.k8s.io) "
+              "registered")
+
+
+def hpa(*conditions: tuple[str, str, str, str]) -> dict:
+    """An autoscaling/v2 HPA; `conditions` (type, status, reason, message) as the HPA controller sets them
+    (pkg/controller/podautoscaler/horizontal.go setCondition)."""
+    status = {"currentReplicas": 3, "desiredReplicas": 3}
+    if conditions:
+        status["conditions"] = [{"type": t, "status": s, "reason": r, "message": m,
+                                 "lastTransitionTime": stamp(20)} for t, s, r, m in conditions]
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "llama", "namespace": "team"},
+            "spec": {"minReplicas": 1, "maxReplicas": 6, "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": "vllm:num_requests_waiting"},
+                "target": {"type": "AverageValue", "averageValue": "4"}}}]},
+            "status": status}
+
+
+ABLE = ("AbleToScale", "True", "SucceededGetScale", "the HPA controller was able to get the target's current scale")
+ACTIVE = ("ScalingActive", "True", "ValidMetricFound",
+          "the HPA was able to successfully calculate a replica count from pods metric vllm:num_requests_waiting")
+NO_METRIC = ("ScalingActive", "False", "FailedGetPodsMetric", NO_METRICS)
+
+
+def test_no_autoscaling_condition_without_an_hpa():
+    assert [c["type"] for c in run(ready_observation())["conditions"]] == list(api.CONDITION_TYPES)
+
+
+def test_an_hpa_without_conditions_yet_is_unknown():
+    current = run(ready_observation(hpa=hpa()))
+    assert [c["type"] for c in current["conditions"]] == [*api.CONDITION_TYPES, "Autoscaling"]
+    autoscaling = cond(current, "Autoscaling")
+    assert (autoscaling["status"], autoscaling["reason"]) == ("Unknown", "NotEvaluated")
+    assert events({}, current) == [("Normal", "Ready", cond(current, "Ready")["message"])]
+
+
+def test_an_hpa_that_scales_is_true():
+    autoscaling = cond(run(ready_observation(hpa=hpa(ABLE, ACTIVE))), "Autoscaling")
+    assert (autoscaling["status"], autoscaling["reason"]) == ("True", "ScalingActive")
+    assert ACTIVE[3] in autoscaling["message"]
+
+
+@pytest.mark.parametrize("failing", [
+    NO_METRIC,  # no custom metrics API, or no adapter rule for the metric
+    ("AbleToScale", "False", "FailedGetScale", 'the HPA controller was unable to get the target\'s current scale: '
+                                               'leaderworkersets.leaderworkerset.x-k8s.io "llama-lws" not found'),
+])
+def test_an_hpa_that_cannot_scale_is_false_with_its_reason_and_a_warning_once(failing):
+    scaling = run(ready_observation(hpa=hpa(ABLE, ACTIVE)))
+    broken_hpa = hpa(*[c for c in (ABLE, ACTIVE) if c[0] != failing[0]], failing)
+    broken = run(ready_observation(hpa=broken_hpa, previous=scaling, now=at(40)))
+    autoscaling = cond(broken, "Autoscaling")
+    assert (autoscaling["status"], autoscaling["reason"]) == ("False", failing[2])
+    assert failing[3] in autoscaling["message"] and "kubectl describe hpa -n team llama" in autoscaling["message"]
+    assert ("prometheus-adapter rule" in autoscaling["message"]) == (failing[2] == "FailedGetPodsMetric")
+    assert autoscaling["lastTransitionTime"] == stamp(40)
+    assert broken["phase"] == "Ready"  # the model serves; only scaling is broken
+    assert events(scaling, broken) == [("Warning", failing[2], autoscaling["message"])]
+    assert events(broken, run(ready_observation(hpa=broken_hpa, previous=broken, now=at(41)))) == []
+    recovered = run(ready_observation(hpa=hpa(ABLE, ACTIVE), previous=broken, now=at(42)))
+    assert cond(recovered, "Autoscaling")["status"] == "True" and events(broken, recovered) == []
+
+
+def test_a_failing_hpa_on_first_sight_is_a_warning():
+    current = run(ready_observation(hpa=hpa(ABLE, NO_METRIC)))
+    assert ("Warning", "FailedGetPodsMetric", cond(current, "Autoscaling")["message"]) in events({}, current)
+
+
+# --- Neuron devices the runtime cannot open ------------------------------------------------------------------
+
+def test_runtime_denied_a_neuron_device_is_failed_with_the_node_fix():
+    """The runtime's own message (frameworks.device_access_error) as the kubelet reports it: the container's last
+    termination message, the pod crash-looping."""
+    from neuronmodel_runtime.frameworks import device_access_error
+
+    message = f"neuronmodel-runtime: {device_access_error('/dev/neuron0')}\n"
+    crash = {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=runtime"}
+    pods = [pod(f"llama-{i}", waiting=crash) for i in range(2)]
+    pods[1]["status"]["containerStatuses"][0]["lastState"] = {
+        "terminated": {"exitCode": 2, "reason": "Error", "message": message}}
+    current = run(observe(workload=deployment(), pods=pods))
+    ready = cond(current, "Ready")
+    assert (current["phase"], ready["reason"]) == ("Failed", "NeuronDeviceAccessDenied")
+    assert ready["message"] == message.strip()
+    assert "device_ownership_from_security_context = true" in ready["message"]
+    assert events({}, current) == [("Warning", "NeuronDeviceAccessDenied", ready["message"])]
+    other = {"terminated": {"exitCode": 2, "reason": "Error", "message": "neuronmodel-runtime: model: no folder"}}
+    pods[1]["status"]["containerStatuses"][0]["lastState"] = other
+    assert cond(run(observe(workload=deployment(), pods=pods)), "Ready")["reason"] == "ContainersFailing"

@@ -1,13 +1,19 @@
 """Framework detection, every branch of the selection rules, and the CLI commands that report and use them."""
 
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from neuronmodel_runtime import cli
 from neuronmodel_runtime.frameworks import (
+    DEVICE_ACCESS_MARKER,
     FrameworkDetection,
     FrameworkError,
     detect_frameworks,
@@ -119,3 +125,89 @@ def test_the_neuron_runtime_version_is_read_from_the_dpkg_status_file(tmp_path):
     assert detection.neuron_runtime == "2.25.57.0-166c7a468"
     assert detect_frameworks(lambda mod, dist: None, str(tmp_path / "none*"), str(tmp_path / "absent")
                              ).neuron_runtime is None
+
+
+# --- Neuron devices this uid cannot open ----------------------------------------------------------------------
+
+NOBODY = 65534
+NXDI_ONLY = {"neuronx_distributed_inference": "0.9.17334"}
+
+
+@pytest.fixture
+def root_only_device():
+    """A directory anyone may list holding `neuron0` that only root may open (mode 0600, as containerd creates a
+    device node without device_ownership_from_security_context)."""
+    folder = Path(tempfile.mkdtemp(prefix="dev-"))
+    folder.chmod(0o755)
+    device = folder / "neuron0"
+    device.touch(mode=0o600)
+    device.chmod(0o600 if os.geteuid() == 0 else 0)  # not root: no access for this uid either
+    yield device
+    shutil.rmtree(folder)
+
+
+def select_as_nobody(device: Path, requested: str) -> str:
+    """Detect and select in a forked child that runs as uid 65534 when this process is root (else as itself): the
+    access check really fails there. Returns "selected <framework>" or the error's message."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's result comes back through the pipe
+        os.close(read)
+        try:
+            if os.geteuid() == 0:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+            detection = detect_frameworks(lambda mod, dist: NXDI_ONLY.get(mod, "2.5.0" if mod == "torch" else None),
+                                          str(device.parent / "neuron*"))
+            result = f"selected {select_framework(requested, detection).framework}"
+        except FrameworkError as exc:
+            result = str(exc)
+        os.write(write, result.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        result = pipe.read()
+    os.waitpid(child, 0)
+    return result
+
+
+@pytest.mark.parametrize("requested", ["auto", "nxdi"])
+def test_a_neuron_device_this_uid_cannot_open_fails_naming_device_uid_and_the_node_fix(root_only_device, requested):
+    uid = NOBODY if os.geteuid() == 0 else os.getuid()
+    message = select_as_nobody(root_only_device, requested)
+    assert message.startswith(f"{DEVICE_ACCESS_MARKER}: cannot open {root_only_device} as uid {uid} gid "), message
+    assert "mode 0600" in message or os.geteuid() != 0
+    assert "containerd `device_ownership_from_security_context = true` in its CRI plugin config" in message
+    assert "Bottlerocket `settings.kubernetes.device-ownership-from-security-context = true`" in message
+    assert "\n" not in message
+
+
+def test_the_torch_runner_does_not_need_the_devices(root_only_device):
+    assert select_as_nobody(root_only_device, "torch") == "selected torch"
+
+
+def test_an_openable_device_is_fine(tmp_path):
+    (tmp_path / "neuron0").touch(mode=0o666)
+    detection = detect_frameworks(lambda mod, dist: NXDI_ONLY.get(mod), str(tmp_path / "neuron*"))
+    assert detection.denied_devices == [] and select_framework("auto", detection).framework == "nxdi"
+
+
+def test_serve_writes_the_device_error_to_the_termination_message(capsys, monkeypatch, tmp_path):
+    """The one stderr line is also the container's termination message, where the operator's status reads it."""
+    termination = tmp_path / "termination-log"
+    termination.touch()  # the kubelet mounts it; outside a pod it is absent and nothing is written
+    monkeypatch.setattr(cli, "TERMINATION_LOG", str(termination))
+    denied = FrameworkDetection({"nxdi": "0.9.17334", "tnx": None, "torch": "2.5.0"}, {}, ["/dev/neuron0"],
+                                denied_devices=["/dev/neuron0"])
+    monkeypatch.setattr(cli, "detect_frameworks", lambda: denied)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        argv = ["serve", "--port", str(sock.getsockname()[1]),
+                "--model", str(Path(__file__).resolve().parents[1] / "assets" / "tiny" / "target")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"neuronmodel-runtime: {DEVICE_ACCESS_MARKER}: cannot open /dev/neuron0 as uid ")
+    assert termination.read_text() == err
+    monkeypatch.setattr(cli, "TERMINATION_LOG", str(tmp_path / "absent"))
+    assert cli.main(argv) == 2
+    assert not (tmp_path / "absent").exists()

@@ -4,19 +4,26 @@ One container, `runtime`, running a `neuronmodel-runtime` command against /etc/n
 restricted Pod Security profile (non-root, no privilege escalation, all capabilities dropped, seccomp
 RuntimeDefault, read-only root filesystem). What it writes goes to emptyDirs: /tmp (HOME), /var/cache/neuronmodel
 (NEURONMODEL_CACHE), /var/tmp (the Neuron compiler's cache, NEURON_COMPILE_CACHE_URL) and /dev/shm (memory).
-Models are mounted or downloaded as `sources.py` says. Neuron device nodes come from the device plugin; a
-non-root runtime needs them accessible to uid 1000 (check on real nodes, in the hardware issue).
+Models are mounted or downloaded as `sources.py` says. Neuron device nodes come from the device plugin (or the
+DRA driver, `dra.py`); a non-root runtime needs them accessible to uid 1000 (check on real nodes, in the hardware
+issue).
+
+Sizing: the runtime container requests its share of the node's CPU and RAM (devices.default_requests) and the
+ephemeral storage its emptyDirs may fill, each emptyDir has a sizeLimit (`volume_sizes_gib`), and spec.resources
+overrides any of these requests. Serving pods spread over nodes and zones (`topology_spread`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Sequence
+import math
+from typing import Any, Literal, Mapping, Optional, Sequence
 
 from neuronmodel_operator import api, devices
 from neuronmodel_operator.api import SpecError
-from neuronmodel_operator.builders import sources
-from neuronmodel_operator.builders.common import COMPONENT_COMPILE, COMPONENT_SERVER, Target, labels
+from neuronmodel_operator.builders import dra, sources
+from neuronmodel_operator.builders.common import COMPONENT_COMPILE, COMPONENT_SERVER, Target, labels, selector
 from neuronmodel_operator.builders.configmap import DRAIN_TIMEOUT_S
+from neuronmodel_operator.resolve import loading_gib
 
 Role = Literal["serve", "worker", "compile"]
 
@@ -88,21 +95,104 @@ def _env(target: Target) -> list[dict[str, Any]]:
     return env
 
 
-def _quantities(values: dict[str, Any]) -> dict[str, str]:
+#: Requests of a torch (CPU reference runner) container: it serves small models, and a dozen replicas fit one
+#: 4-vCPU node (the local control plane's CPU node), two and a client the real-node end-to-end test's 2 cores.
+TORCH_REQUESTS = {"cpu": "250m", "memory": "1Gi"}
+#: Weights assumed when spec.model.parameters is unset: an 8B model in bfloat16 on the Neuron runners; the torch
+#: runner's about 500M parameters (it serves small models on CPUs).
+DEFAULT_WEIGHTS_GIB = 16
+DEFAULT_WEIGHTS_GIB_TORCH = 1
+#: /dev/shm (memory; the sizeLimit counts against the pod's memory): PyTorch and the Neuron runtime's IPC.
+SHM_SIZE = {"neuron": "4Gi", "torch": "1Gi"}
+
+
+def _torch(target: Target) -> bool:
+    return target.resolved.cores_per_pod == 0
+
+
+def _weights_gib(target: Target) -> float:
+    parameters = target.spec.model.parameter_count()
+    if parameters is None:
+        return DEFAULT_WEIGHTS_GIB_TORCH if _torch(target) else DEFAULT_WEIGHTS_GIB
+    return devices.weights_gib(parameters, target.spec.model.dtype)
+
+
+def _downloads(target: Target) -> list[sources.SourceMount]:
+    return [m for m in _mounts(target) if m.fetch is not None]
+
+
+def volume_sizes_gib(target: Target) -> dict[str, int]:
+    """sizeLimit (GiB) of each disk-backed emptyDir, from the weights' size (spec.model.parameters, else
+    DEFAULT_WEIGHTS_GIB) with margin:
+
+    - `models` (only when a source is downloaded): the checkpoint, +20% (tokenizer, staging), +20% more for a
+      downloaded draft (smaller than its target), +1 GiB;
+    - `cache` (/var/cache/neuronmodel, compiled artifacts): 10% of the weights + 2 GiB of graphs, plus the weights
+      again when stored pre-sharded (compileCache.shardedWeights); torch stores its converted (float32) weights:
+      twice their bfloat16 size + 1 GiB;
+    - `neuron-cache` (/var/tmp, the Neuron compiler's work and cache): 25% of the weights + 4 GiB; torch 1 GiB;
+    - `tmp` (/tmp, HOME): 2 GiB; torch 1 GiB.
+    """
+    weights, torch = _weights_gib(target), _torch(target)
+    sizes = {}
+    if downloads := _downloads(target):
+        share = 1.2 + (0.2 if any(m.init_name == "fetch-draft" for m in downloads) else 0)
+        sizes[sources.MODELS_VOLUME] = math.ceil(weights * share) + 1
+    if torch:
+        sizes.update({"cache": math.ceil(2 * weights) + 1, "neuron-cache": 1, "tmp": 1})
+    else:
+        stored = weights if target.spec.compile_cache.sharded_weights else 0
+        sizes.update({"cache": math.ceil(0.1 * weights + stored) + 2, "neuron-cache": math.ceil(0.25 * weights) + 4,
+                      "tmp": 2})
+    return sizes
+
+
+def default_requests(target: Target) -> dict[str, str]:
+    """The runtime container's cpu, memory and ephemeral-storage requests: a Neuron pod's share of its instance
+    type, and the RAM its weights take while they load (devices.default_requests), TORCH_REQUESTS on the torch
+    runner; the storage its emptyDirs may fill."""
+    resolved = target.resolved
+    instance = devices.INSTANCE_TYPES.get(resolved.instance_type or "")
+    if _torch(target) or instance is None:
+        requests = dict(TORCH_REQUESTS)
+    else:
+        lnc = resolved.logical_core_config or instance.family.default_lnc
+        requests = devices.default_requests(instance, lnc, resolved.cores_per_pod, loading_gib(target.spec))
+    requests["ephemeral-storage"] = f"{sum(volume_sizes_gib(target).values())}Gi"
+    return requests
+
+
+def _fetch_requests(target: Target) -> dict[str, str]:
+    """A download init container writes the models emptyDir and /tmp."""
+    sizes = volume_sizes_gib(target)
+    return {"ephemeral-storage": f"{sizes[sources.MODELS_VOLUME] + sizes['tmp']}Gi"}
+
+
+def _quantities(values: Mapping[str, Any]) -> dict[str, str]:
     return {key: str(value) for key, value in sorted(values.items())}
 
 
-def resources(target: Target, neuron: bool = True) -> dict[str, Any]:
-    """spec.resources, plus the Neuron device-plugin request in both requests and limits (extended resources
-    must have requests == limits). Init containers get `neuron=False`: they need no device."""
-    extra = target.resolved.neuron_resources if neuron else {}
+def resources(target: Target, defaults: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, Any]:
+    """spec.resources; `defaults` for each request it sets neither a request nor a limit of (a limit alone makes
+    the request equal to it); `extra` (the Neuron device-plugin request) in both requests and limits (extended
+    resources must have requests == limits)."""
+    spec = target.spec.resources
+    unset = {key: value for key, value in defaults.items() if key not in spec.requests and key not in spec.limits}
     out = {}
-    requests = _quantities({**target.spec.resources.requests, **extra})
-    limits = _quantities({**target.spec.resources.limits, **extra})
+    requests = _quantities({**unset, **spec.requests, **extra})
+    limits = _quantities({**spec.limits, **extra})
     if requests:
         out["requests"] = requests
     if limits:
         out["limits"] = limits
+    return out
+
+
+def runtime_resources(target: Target) -> dict[str, Any]:
+    """The runtime container's: default requests, the device plugin's resource or the DRA claim."""
+    out = resources(target, default_requests(target), target.resolved.neuron_resources)
+    if dra.uses_dra(target):
+        out["claims"] = [{"name": dra.CLAIM}]
     return out
 
 
@@ -129,13 +219,19 @@ def _mounts(target: Target) -> list[sources.SourceMount]:
             if m is not None]
 
 
+def _empty_dir(name: str, size: str, medium: Optional[str] = None) -> dict[str, Any]:
+    return {"name": name, "emptyDir": {**({"medium": medium} if medium else {}), "sizeLimit": size}}
+
+
 def volumes_and_mounts(target: Target, config_map: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The pod's volumes (the RuntimeConfig from ConfigMap `config_map`) and the runtime container's volumeMounts."""
+    """The pod's volumes (the RuntimeConfig from ConfigMap `config_map`; emptyDirs sized by `volume_sizes_gib`) and
+    the runtime container's volumeMounts."""
+    sizes = {name: f"{gib}Gi" for name, gib in volume_sizes_gib(target).items()}
     volumes = [{"name": "config", "configMap": {"name": config_map}},
-               {"name": "shm", "emptyDir": {"medium": "Memory"}},
-               {"name": "tmp", "emptyDir": {}},
-               {"name": "cache", "emptyDir": {}},
-               {"name": "neuron-cache", "emptyDir": {}}]
+               _empty_dir("shm", SHM_SIZE["torch" if _torch(target) else "neuron"], "Memory"),
+               _empty_dir("tmp", sizes["tmp"]),
+               _empty_dir("cache", sizes["cache"]),
+               _empty_dir("neuron-cache", sizes["neuron-cache"])]
     mounts = [{"name": "config", "mountPath": sources.CONFIG_DIR, "readOnly": True},
               {"name": "shm", "mountPath": "/dev/shm"},
               {"name": "tmp", "mountPath": "/tmp"},
@@ -144,7 +240,8 @@ def volumes_and_mounts(target: Target, config_map: str) -> tuple[list[dict[str, 
     for placed in _mounts(target):
         if placed.volume is None or any(v["name"] == placed.volume["name"] for v in volumes):
             continue  # an s3:// cache; or the models emptyDir that the model and the draft share
-        volumes.append(placed.volume)
+        volumes.append(_empty_dir(sources.MODELS_VOLUME, sizes[sources.MODELS_VOLUME])
+                       if placed.fetch is not None else placed.volume)
         mounts.append(placed.mount)
     paths = [m["mountPath"] for m in mounts]
     if len(set(paths)) != len(paths):
@@ -168,9 +265,8 @@ def init_containers(target: Target) -> list[dict[str, Any]]:
             env.append(_secret_env("HF_TOKEN", token))
         env.append({"name": "HOME", "value": "/tmp"})
         init: dict[str, Any] = {"name": placed.init_name, "image": target.resolved.image,
-                                "command": list(placed.fetch), "env": env}
-        if res := resources(target, neuron=False):
-            init["resources"] = res
+                                "command": list(placed.fetch), "env": env,
+                                "resources": resources(target, _fetch_requests(target), {})}
         init["securityContext"] = security_context()
         init["volumeMounts"] = [{"name": sources.MODELS_VOLUME, "mountPath": sources.MODELS_DIR},
                                 {"name": "tmp", "mountPath": "/tmp"}]
@@ -192,11 +288,23 @@ def _placement(target: Target) -> dict[str, Any]:
     tolerations += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in spec.tolerations]
     if tolerations:
         out["tolerations"] = tolerations
-    if spec.scheduler_name:
-        out["schedulerName"] = spec.scheduler_name
+    if resolved.scheduler_name:
+        out["schedulerName"] = resolved.scheduler_name
     if spec.service_account_name:
         out["serviceAccountName"] = spec.service_account_name
     return out
+
+
+def topology_spread(target: Target) -> list[dict[str, Any]]:
+    """Replicas spread over nodes and then zones, so that one node or zone going down takes as few as possible.
+
+    ScheduleAnyway (a scoring preference, not a filter): Neuron capacity is often in one zone only (capacity
+    blocks, ODCRs) or one node, and DoNotSchedule would leave replicas Pending there, or block a rollout's surge
+    pod. `pod-template-hash` keeps a rollout's new pods from counting the old ones they replace.
+    """
+    return [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": {"matchLabels": selector(target)}, "matchLabelKeys": ["pod-template-hash"]}
+            for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
 
 
 def _container(target: Target, command: Sequence[str], role: Role, mounts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -205,11 +313,12 @@ def _container(target: Target, command: Sequence[str], role: Role, mounts: list[
     if role == "serve":
         out["ports"] = [{"name": api.SERVER_PORT_NAME, "containerPort": target.spec.server.port, "protocol": "TCP"}]
     out["env"] = _env(target)
-    if res := resources(target):
-        out["resources"] = res
+    out["resources"] = runtime_resources(target)
     if role == "serve":
         out.update(probes(target))
     out["securityContext"] = security_context()
+    # the status code reads why the runtime exited from the termination message, or its log's tail when it wrote none
+    out["terminationMessagePolicy"] = "FallbackToLogsOnError"
     out["volumeMounts"] = mounts
     return out
 
@@ -231,6 +340,11 @@ def pod_spec(target: Target, command: Sequence[str], role: Role, config_map: str
         "securityContext": pod_security_context(),
         **_placement(target),
     }
+    if role == "serve" and not target.multi_node:
+        # a multi-node group belongs close together (one zone, EFA): LeaderWorkerSet's placement, not a spread
+        spec["topologySpreadConstraints"] = topology_spread(target)
+    if dra.uses_dra(target):
+        spec["resourceClaims"] = [{"name": dra.CLAIM, "resourceClaimTemplateName": dra.claim_template_name(target)}]
     if inits := init_containers(target):
         spec["initContainers"] = inits
     spec["containers"] = [_container(target, command, role, mounts)]

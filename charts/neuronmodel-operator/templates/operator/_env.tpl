@@ -36,4 +36,8 @@
   value: {{ .Values.compileCache.policy | quote }}
 - name: NEURONMODEL_HPA_METRIC
   value: {{ .Values.hpaMetric | quote }}
+- name: NEURONMODEL_OPERATOR_NEURON_SCHEDULER_NAME
+  value: {{ .Values.neuronSchedulerName | quote }}
+- name: NEURONMODEL_OPERATOR_ALLOW_HOST_PATH
+  value: {{ .Values.allowHostPath | quote }}
 {{- end -}}
