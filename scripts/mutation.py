@@ -1,5 +1,6 @@
 """Mutation testing of the sampling and speculative-verification math, and of the operator's subtle rules (the
-scale subresource, status, compile gating, HPA ownership): each known mistake must fail the tests.
+scale subresource, status, compile gating, HPA ownership, reconcile under change, placement): each known mistake
+must fail the tests.
 
 For every mutation below, the script copies the repository's runtime and operator packages and their tests into a
 temporary directory, applies the mutation as an exact text replacement (it stops at once, naming the mutation, when
@@ -39,6 +40,7 @@ BUILDERS = ("tests/operator_tests/test_builders.py",)
 CRD = ("tests/operator_tests/test_crd.py",)
 RECONCILE = ("tests/operator_tests/test_reconcile.py",)
 HANDLERS = ("tests/operator_tests/test_handlers.py",)
+RESOLVE = ("tests/operator_tests/test_resolve.py",)
 NXDI_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "nxdi")
 TNX_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "tnx")
 CACHE = ("tests/runtime_tests/test_cache.py",)
@@ -212,6 +214,22 @@ MUTATIONS = [
         "status: a LeaderWorkerSet without observedGeneration (v0.7) read as never caught up", "status.py",
         'if "observedGeneration" in state or workload.get("kind") != "LeaderWorkerSet":', "if True:",
         STATUS, OPERATOR,
+    ),
+    Mutation(
+        "resolve: partial-node pods left to the default scheduler (non-contiguous NeuronCores)", "resolve.py",
+        "    if defaults.neuron_scheduler_name:\n        return defaults.neuron_scheduler_name, None\n",
+        "    if defaults.neuron_scheduler_name:\n        return None, None\n",
+        RESOLVE, OPERATOR,
+    ),
+    Mutation(
+        "resolve: node paths mounted without --allow-host-path", "resolve.py",
+        "    check_host_paths(spec, defaults)\n", "",
+        RESOLVE, OPERATOR,
+    ),
+    Mutation(
+        "devices: automatic placement ignores the host RAM the weights need", "devices.py",
+        "            and host_fit(t, loading_gib)]", "            ]",
+        RESOLVE, OPERATOR,
     ),
     Mutation(
         "handlers: retries at a fixed delay (no exponential backoff)", "handlers.py",
