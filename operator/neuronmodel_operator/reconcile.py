@@ -237,14 +237,7 @@ class Reconcile:
                            self._appliers.map(self.kube.apply, desired)))
         workload = applied.get((_kind(serving), workload_name(serving))) if serving else None
         if leaving is not None and _ready(workload):
-            log.info("%s/%s: the %s serves; removing the %s", target.namespace, target.name, _kind(serving),
-                     _kind(leaving))
-            desired = builders.serving_children(serving)  # the old side's Service and HPA are stale now
-            for manifest in desired:
-                if manifest["kind"] in ("Service", "HorizontalPodAutoscaler"):
-                    self.kube.apply(manifest)
-            self.kube.delete(_kind(leaving), target.namespace, workload_name(leaving))
-            leaving = None
+            desired, leaving = self._switch_over(serving, leaving), None
         if leaving is not None:
             self._switching.add(target.uid)
         else:
@@ -269,6 +262,18 @@ class Reconcile:
             self._hpas[target.uid] = hpa
         else:
             self._hpas.pop(target.uid, None)
+
+    def _switch_over(self, serving: Target, leaving: Target) -> list[dict]:
+        """The new kind's workload is ready: the Service and HPA follow it, the old workload goes. The children
+        wanted from now on."""
+        log.info("%s/%s: the %s serves; removing the %s", serving.namespace, serving.name, _kind(serving),
+                 _kind(leaving))
+        desired = builders.serving_children(serving)
+        for manifest in desired:
+            if manifest["kind"] in ("Service", "HorizontalPodAutoscaler"):
+                self.kube.apply(manifest)
+        self.kube.delete(_kind(leaving), leaving.namespace, workload_name(leaving))
+        return desired
 
     @staticmethod
     def _desired(serving: Target, leaving: Optional[Target], service_only: bool) -> list[dict]:

@@ -56,6 +56,21 @@ class OperatorDefaults:
             raise SpecError(f"spec.framework: {exc}; set spec.image, or another framework") from None
 
 
+class SpecWarning(str):
+    """A problem that does not stop the rollout (status.warnings holds the text), with the reason of the Warning
+    Event it is announced by."""
+
+    reason: str
+
+    def __new__(cls, reason: str, message: str) -> SpecWarning:
+        warning = super().__new__(cls, message)
+        warning.reason = reason
+        return warning
+
+    def __getnewargs__(self) -> tuple[str, str]:  # copies (dataclasses.asdict) keep the reason
+        return self.reason, str(self)
+
+
 @dataclass(frozen=True)
 class Resolved:
     """The decisions the builders and status share; shown to users as `status.resolved`."""
@@ -70,7 +85,7 @@ class Resolved:
     image: str
     compile_key: str  # sha256 over everything that changes the compiled graphs
     compile_job: bool  # a compile Job fills the cache before serving
-    warnings: tuple[str, ...]  # e.g. the model clearly does not fit
+    warnings: tuple[SpecWarning, ...]  # e.g. the model clearly does not fit
     scheduler_name: Optional[str] = None  # spec.schedulerName, or the Neuron scheduler extension's for partial pods
     revisions: dict[str, str] = field(default_factory=dict)  # hf:// "source@revision" -> its commit (revisions.py)
     model_revision: Optional[str] = None  # the commit (or revision) the pods fetch the model at
@@ -156,7 +171,7 @@ def check_host_paths(spec: NeuronModelSpec, defaults: OperatorDefaults) -> None:
 
 
 def scheduler_for(spec: NeuronModelSpec, instance: devices.InstanceType, lnc: int, request: devices.NeuronRequest,
-                  defaults: OperatorDefaults) -> tuple[Optional[str], Optional[str]]:
+                  defaults: OperatorDefaults) -> tuple[Optional[str], Optional[SpecWarning]]:
     """(schedulerName, warning) of a Neuron pod: spec.schedulerName when set; else the Neuron scheduler extension's
     when the pod takes more than one but not all of the node's NeuronCores (or devices) from the device plugin.
 
@@ -174,11 +189,13 @@ def scheduler_for(spec: NeuronModelSpec, instance: devices.InstanceType, lnc: in
         return None, None
     if defaults.neuron_scheduler_name:
         return defaults.neuron_scheduler_name, None
-    return None, (f"the pods take {request.count} of the {total} {unit} of one {instance.name} node, and no Neuron "
-                  "scheduler extension is configured: the default scheduler and the device plugin may hand out "
-                  "cores that are not contiguous, which NxDI cannot use; install the extension (the Neuron Helm "
-                  "chart with scheduler.enabled=true) and run the operator with --neuron-scheduler-name "
-                  "(chart value neuronSchedulerName, default my-scheduler), or set spec.schedulerName")
+    return None, SpecWarning(
+        "NoNeuronScheduler",
+        f"the pods take {request.count} of the {total} {unit} of one {instance.name} node, and no Neuron scheduler "
+        "extension is configured: the default scheduler and the device plugin may hand out cores that are not "
+        "contiguous, which NxDI cannot use; install the extension (the Neuron Helm chart with "
+        "scheduler.enabled=true) and run the operator with --neuron-scheduler-name (chart value "
+        "neuronSchedulerName, default my-scheduler), or set spec.schedulerName")
 
 
 def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
@@ -216,10 +233,10 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     scheduler, scheduler_warning = scheduler_for(spec, instance, lnc, request, defaults)
     warnings = [scheduler_warning] if scheduler_warning else []
     if (parameters := spec.model.parameter_count()) is not None:
-        warnings += [w for w in (devices.fit_warning(parameters, spec.model.dtype, instance, lnc,
-                                                     spec.parallelism.tensor_parallel_degree),
-                                 devices.host_memory_warning(loading_gib(spec), instance,
-                                                             spec.compile_cache.sharded_weights)) if w]
+        fit = devices.fit_warning(parameters, spec.model.dtype, instance, lnc, spec.parallelism.tensor_parallel_degree)
+        host = devices.host_memory_warning(loading_gib(spec), instance, spec.compile_cache.sharded_weights)
+        warnings += [SpecWarning(reason, text) for reason, text in (("ModelMayNotFit", fit),
+                                                                    ("HostMemoryShort", host)) if text]
     trn2_lnc = lnc if len(family.lnc_choices) > 1 else None
     image = defaults.image_for(spec, family.name)
     key = compile_key(spec, image, family.name, trn2_lnc)

@@ -458,7 +458,8 @@ def events(previous: Mapping, current: Mapping) -> list[tuple[str, str, str]]:
     CompileFailed, ContainersFailing, NeuronDeviceAccessDenied, Unschedulable, Degraded; Normal otherwise, e.g.
     Ready "... serving at <endpoint>"); one when a condition takes a reason of CONDITION_EVENTS (Normal Compiled,
     Warning ProgressDeadlineExceeded); a Warning with the HPA's reason when Autoscaling turns False (or False with
-    another reason); Warning ModelMayNotFit for each new warning. Nothing when nothing changed: the handler calls
+    another reason); a Warning of its own reason (resolve.SpecWarning: ModelMayNotFit, HostMemoryShort,
+    NoNeuronScheduler) for each new warning. Nothing when nothing changed: the handler calls
     this on every reconcile.
     """
     found = []
@@ -473,6 +474,6 @@ def events(previous: Mapping, current: Mapping) -> list[tuple[str, str, str]]:
             found.append((CONDITION_EVENTS[key], condition["reason"], condition.get("message", "")))
         elif key[0] == "Autoscaling" and condition.get("status") == "False" and before.get(key) != "False":
             found.append(("Warning", condition["reason"], condition.get("message", "")))
-    found += [("Warning", "ModelMayNotFit", warning) for warning in current.get("warnings") or []
-              if warning not in (previous.get("warnings") or [])]
+    found += [("Warning", getattr(warning, "reason", "SpecWarning"), warning) for warning in current.get("warnings")
+              or [] if warning not in (previous.get("warnings") or [])]
     return found

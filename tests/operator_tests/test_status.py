@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from neuronmodel_operator import api
-from neuronmodel_operator.resolve import Resolved
+from neuronmodel_operator.resolve import Resolved, SpecWarning
 from neuronmodel_operator.status import Observed, events, merge_patch, status
 
 T0 = datetime(2026, 1, 2, 3, 0, 0, tzinfo=timezone.utc)  # the NeuronModel's creationTimestamp
@@ -493,12 +493,13 @@ def test_failures_are_warning_events(observed, reason):
     assert events(current, run(replace(observed, previous=current))) == []
 
 
-def test_a_new_warning_is_a_model_may_not_fit_event_once():
-    warning = "the model needs ~140 GiB of weights; TP 2 on inf2 holds 32 GiB of HBM"
+@pytest.mark.parametrize("reason", ["ModelMayNotFit", "HostMemoryShort", "NoNeuronScheduler"])
+def test_a_new_warning_is_an_event_of_its_own_reason_once(reason):
+    warning = SpecWarning(reason, "the model needs ~140 GiB of weights; TP 2 on inf2 holds 32 GiB of HBM")
     before = run(ready_observation())
     after = run(ready_observation(resolved=replace(RESOLVED, warnings=(warning,)), previous=before))
     assert after["warnings"] == [warning]
-    assert events(before, after) == [("Warning", "ModelMayNotFit", warning)]
+    assert events(before, after) == [("Warning", reason, warning)]
     assert events(after, run(ready_observation(resolved=replace(RESOLVED, warnings=(warning,)), previous=after))) == []
 
 
