@@ -50,6 +50,8 @@ RETRY_BASE_S = 2.0
 RETRY_CAP_S = 300.0
 #: Consecutive 401/403 answers after which the model's status says so.
 ACCESS_DENIED_REPORT_AFTER = 3
+#: The API server's 403 message for a create in a namespace that is being deleted (NamespaceLifecycle admission).
+NAMESPACE_TERMINATING = "because it is being terminated"
 Key = tuple[str, str]  # (namespace, name) of a NeuronModel
 #: Children whose events re-run their owner's reconcile: (group, version, plural).
 CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("", "v1", "pods"), ("apps", "v1", "deployments"),
@@ -123,8 +125,9 @@ class Reconciler:
         return backoff_s(self.failures.get(key, 1))
 
     async def _count_denied(self, key: Key, exc: ApiError, body: Optional[dict]) -> None:
-        """A 401/403: after ACCESS_DENIED_REPORT_AFTER in a row, once, into the status and an Event."""
-        if exc.status not in (401, 403):
+        """A 401/403: after ACCESS_DENIED_REPORT_AFTER in a row, once, into the status and an Event. Not the 403
+        that a namespace being deleted answers every create with: that is no RBAC drift, and the model goes too."""
+        if exc.status not in (401, 403) or NAMESPACE_TERMINATING in exc.message:
             self.denied.pop(key, None)
             return
         self.denied[key] = count = self.denied.get(key, 0) + 1

@@ -129,9 +129,13 @@ def test_an_operator_upgrade_compiles_first_while_the_old_pods_serve(api, operat
             old.stop()
         served = api.deployment("upgraded").spec.template
         assert served.spec.containers[0].image == images.default_image("inf2", "nxdi", version="0.1.0")
+        compiled = jobs(api)
         new = operator_at("0.2.0")  # the new release's default image: a new compile key for this model
         try:
-            wait_until("the new release's compile Job", lambda: len(jobs(api)) == 2, 30)
+            wait_until("the new release's compile Job", lambda: any(
+                job.spec.template.spec.containers[0].image == images.default_image("inf2", "nxdi", version="0.2.0")
+                for job in api.batch.list_namespaced_job(api.ns).items), 60)
+            assert jobs(api) != compiled
             body = api.phase("upgraded", "Compiling")
             assert {c["type"]: c["status"] for c in body["status"]["conditions"]}["Available"] == "True"
             time.sleep(3)

@@ -81,8 +81,13 @@ def test_persisting_access_denied_is_reported_once(code):
     assert str(code) in reconcile.reported[0] and "rbac/operator-rules.yaml" in reconcile.reported[0]
 
 
-def test_other_api_errors_are_not_reported_as_access_denied():
-    reconcile = ScriptedReconcile(*[ApiError(503, "etcd leader changed")] * 5)
+@pytest.mark.parametrize("error", [
+    ApiError(503, "etcd leader changed"),
+    ApiError(403, 'configmaps "llama-runtime-0c1d" is forbidden: unable to create new content in namespace team '
+                  'because it is being terminated'),
+], ids=["unavailable", "namespace-terminating"])
+def test_other_api_errors_are_not_reported_as_access_denied(error):
+    reconcile = ScriptedReconcile(*[error] * 5)
     run(reconcile, attempts=5)
     assert reconcile.reported == []
 

@@ -46,7 +46,8 @@ COVERED_ELSEWHERE = {
     "make bench": "bench",  # every bench/*.py, run by the harness
     # the operator quick start, step by step as tests/integration/ runs it on the same control plane
     "kubectl apply --server-side -f crds/neuronmodels.neuronmodel.dev.yaml": "tests/integration/conftest.py",
-    ".venv/bin/neuronmodel-operator --runtime-image neuronmodel-runtime:dev": "tests/integration/conftest.py",
+    ".venv/bin/neuronmodel-operator --runtime-image neuronmodel-runtime:dev --allow-host-path":
+        "tests/integration/conftest.py",
     "kubectl apply -f crds/samples/tiny-torch.yaml": "tests/integration/test_operator.py",
     "kubectl get nm": "tests/integration/test_operator.py",
     "kubectl scale nm tiny-torch --replicas=2": "tests/integration/test_operator.py",
