@@ -8,22 +8,20 @@ Models are mounted or downloaded as `sources.py` says. Neuron device nodes come 
 DRA driver, `dra.py`); a non-root runtime needs them accessible to uid 1000 (check on real nodes, in the hardware
 issue).
 
-Sizing: the runtime container requests its share of the node's CPU and RAM (devices.default_requests) and the
-ephemeral storage its emptyDirs may fill, each emptyDir has a sizeLimit (`volume_sizes_gib`), and spec.resources
-overrides any of these requests. Serving pods spread over nodes and zones (`topology_spread`).
+Sizing (`sizing.py`): the runtime container requests its share of the node's CPU and RAM and the ephemeral
+storage its emptyDirs may fill, each emptyDir has a sizeLimit, and spec.resources overrides any of these requests.
+Serving pods spread over nodes and zones (`topology_spread`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal, Mapping, Optional, Sequence
 
 from neuronmodel_operator import api, devices
 from neuronmodel_operator.api import SpecError
-from neuronmodel_operator.builders import dra, sources
+from neuronmodel_operator.builders import dra, sizing, sources
 from neuronmodel_operator.builders.common import COMPONENT_COMPILE, COMPONENT_SERVER, Target, labels, selector
 from neuronmodel_operator.builders.configmap import DRAIN_TIMEOUT_S
-from neuronmodel_operator.resolve import loading_gib
 
 Role = Literal["serve", "worker", "compile"]
 
@@ -95,79 +93,6 @@ def _env(target: Target) -> list[dict[str, Any]]:
     return env
 
 
-#: Requests of a torch (CPU reference runner) container: it serves small models, and a dozen replicas fit one
-#: 4-vCPU node (the local control plane's CPU node), two and a client the real-node end-to-end test's 2 cores.
-TORCH_REQUESTS = {"cpu": "250m", "memory": "1Gi"}
-#: Weights assumed when spec.model.parameters is unset: an 8B model in bfloat16 on the Neuron runners; the torch
-#: runner's about 500M parameters (it serves small models on CPUs).
-DEFAULT_WEIGHTS_GIB = 16
-DEFAULT_WEIGHTS_GIB_TORCH = 1
-#: /dev/shm (memory; the sizeLimit counts against the pod's memory): PyTorch and the Neuron runtime's IPC.
-SHM_SIZE = {"neuron": "4Gi", "torch": "1Gi"}
-
-
-def _torch(target: Target) -> bool:
-    return target.resolved.cores_per_pod == 0
-
-
-def _weights_gib(target: Target) -> float:
-    parameters = target.spec.model.parameter_count()
-    if parameters is None:
-        return DEFAULT_WEIGHTS_GIB_TORCH if _torch(target) else DEFAULT_WEIGHTS_GIB
-    return devices.weights_gib(parameters, target.spec.model.dtype)
-
-
-def _downloads(target: Target) -> list[sources.SourceMount]:
-    return [m for m in _mounts(target) if m.fetch is not None]
-
-
-def volume_sizes_gib(target: Target) -> dict[str, int]:
-    """sizeLimit (GiB) of each disk-backed emptyDir, from the weights' size (spec.model.parameters, else
-    DEFAULT_WEIGHTS_GIB) with margin:
-
-    - `models` (only when a source is downloaded): the checkpoint, +20% (tokenizer, staging), +20% more for a
-      downloaded draft (smaller than its target), +1 GiB;
-    - `cache` (/var/cache/neuronmodel, compiled artifacts): 10% of the weights + 2 GiB of graphs, plus the weights
-      again when stored pre-sharded (compileCache.shardedWeights); torch stores its converted (float32) weights:
-      twice their bfloat16 size + 1 GiB;
-    - `neuron-cache` (/var/tmp, the Neuron compiler's work and cache): 25% of the weights + 4 GiB; torch 1 GiB;
-    - `tmp` (/tmp, HOME): 2 GiB; torch 1 GiB.
-    """
-    weights, torch = _weights_gib(target), _torch(target)
-    sizes = {}
-    if downloads := _downloads(target):
-        share = 1.2 + (0.2 if any(m.init_name == "fetch-draft" for m in downloads) else 0)
-        sizes[sources.MODELS_VOLUME] = math.ceil(weights * share) + 1
-    if torch:
-        sizes.update({"cache": math.ceil(2 * weights) + 1, "neuron-cache": 1, "tmp": 1})
-    else:
-        stored = weights if target.spec.compile_cache.sharded_weights else 0
-        sizes.update({"cache": math.ceil(0.1 * weights + stored) + 2, "neuron-cache": math.ceil(0.25 * weights) + 4,
-                      "tmp": 2})
-    return sizes
-
-
-def default_requests(target: Target) -> dict[str, str]:
-    """The runtime container's cpu, memory and ephemeral-storage requests: a Neuron pod's share of its instance
-    type, and the RAM its weights take while they load (devices.default_requests), TORCH_REQUESTS on the torch
-    runner; the storage its emptyDirs may fill."""
-    resolved = target.resolved
-    instance = devices.INSTANCE_TYPES.get(resolved.instance_type or "")
-    if _torch(target) or instance is None:
-        requests = dict(TORCH_REQUESTS)
-    else:
-        lnc = resolved.logical_core_config or instance.family.default_lnc
-        requests = devices.default_requests(instance, lnc, resolved.cores_per_pod, loading_gib(target.spec))
-    requests["ephemeral-storage"] = f"{sum(volume_sizes_gib(target).values())}Gi"
-    return requests
-
-
-def _fetch_requests(target: Target) -> dict[str, str]:
-    """A download init container writes the models emptyDir and /tmp."""
-    sizes = volume_sizes_gib(target)
-    return {"ephemeral-storage": f"{sizes[sources.MODELS_VOLUME] + sizes['tmp']}Gi"}
-
-
 def _quantities(values: Mapping[str, Any]) -> dict[str, str]:
     return {key: str(value) for key, value in sorted(values.items())}
 
@@ -190,7 +115,7 @@ def resources(target: Target, defaults: Mapping[str, str], extra: Mapping[str, s
 
 def runtime_resources(target: Target) -> dict[str, Any]:
     """The runtime container's: default requests, the device plugin's resource or the DRA claim."""
-    out = resources(target, default_requests(target), target.resolved.neuron_resources)
+    out = resources(target, sizing.default_requests(target), target.resolved.neuron_resources)
     if dra.uses_dra(target):
         out["claims"] = [{"name": dra.CLAIM}]
     return out
@@ -226,9 +151,9 @@ def _empty_dir(name: str, size: str, medium: Optional[str] = None) -> dict[str, 
 def volumes_and_mounts(target: Target, config_map: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The pod's volumes (the RuntimeConfig from ConfigMap `config_map`; emptyDirs sized by `volume_sizes_gib`) and
     the runtime container's volumeMounts."""
-    sizes = {name: f"{gib}Gi" for name, gib in volume_sizes_gib(target).items()}
+    sizes = {name: f"{gib}Gi" for name, gib in sizing.volume_sizes_gib(target).items()}
     volumes = [{"name": "config", "configMap": {"name": config_map}},
-               _empty_dir("shm", SHM_SIZE["torch" if _torch(target) else "neuron"], "Memory"),
+               _empty_dir("shm", sizing.shm_size(target), "Memory"),
                _empty_dir("tmp", sizes["tmp"]),
                _empty_dir("cache", sizes["cache"]),
                _empty_dir("neuron-cache", sizes["neuron-cache"])]
@@ -266,7 +191,7 @@ def init_containers(target: Target) -> list[dict[str, Any]]:
         env.append({"name": "HOME", "value": "/tmp"})
         init: dict[str, Any] = {"name": placed.init_name, "image": target.resolved.image,
                                 "command": list(placed.fetch), "env": env,
-                                "resources": resources(target, _fetch_requests(target), {})}
+                                "resources": resources(target, sizing.fetch_requests(target), {})}
         init["securityContext"] = security_context()
         init["volumeMounts"] = [{"name": sources.MODELS_VOLUME, "mountPath": sources.MODELS_DIR},
                                 {"name": "tmp", "mountPath": "/tmp"}]
