@@ -31,7 +31,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Coroutine, Optional
 
 import kopf
 
@@ -86,6 +86,7 @@ class Reconciler:
     reconciled: set[str] = field(default_factory=set)  # uids this process has run a full reconcile of
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed runs (the backoff's attempt)
     denied: dict[Key, int] = field(default_factory=dict)  # consecutive 401/403 answers
+    tasks: set[asyncio.Task] = field(default_factory=set)  # runs in flight (the loop keeps only weak references)
     metrics: OperatorMetrics = field(init=False)  # served by the CLI on --metrics-port
 
     def __post_init__(self) -> None:
@@ -145,7 +146,7 @@ class Reconciler:
         self.changes.setdefault(key, {})[child] = body
         if key not in self.kicked:
             self.kicked.add(key)
-            asyncio.get_running_loop().create_task(self._background(key, full=False))
+            self._start(self._background(key, full=False))
 
     def seen(self, key: Key, event: dict) -> None:
         """A NeuronModel's watch event: keep its latest copy; a full reconcile of a generation not handled yet."""
@@ -165,11 +166,15 @@ class Reconciler:
         # Stale children (a PDB no longer wanted, a kind switched) exist only where a reconcile ran before: in this
         # process, or in an earlier one (it wrote status.observedGeneration). A new object has none to list.
         cleanup = meta["uid"] in self.reconciled or bool((body.get("status") or {}).get("observedGeneration"))
-        asyncio.get_running_loop().create_task(
-            self._background(key, full=True, cleanup=cleanup, body=copy.deepcopy(body)))
+        self._start(self._background(key, full=True, cleanup=cleanup, body=copy.deepcopy(body)))
 
     def retry(self, key: Key) -> None:
-        asyncio.get_running_loop().create_task(self._background(key, full=True, cleanup=True))
+        self._start(self._background(key, full=True, cleanup=True))
+
+    def _start(self, run: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(run)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _background(self, key: Key, full: bool, cleanup: bool = True, body: Optional[dict] = None) -> None:
         """A full run or a queued refresh, its errors logged and retried with backoff: never raised."""
