@@ -12,8 +12,8 @@
   ACCESS_DENIED_REPORT_AFTER attempts is put in status.warnings and a Warning Event: RBAC drift is visible.
 - Any event of a child (Deployment, LeaderWorkerSet, Job, Service, ConfigMap, PDB, HPA, ResourceClaimTemplate,
   serving Pod), found by the `managed-by` label, refreshes its owner (`reconcile.py`): a deleted or hand-edited
-  child is restored within seconds, and the status follows the workload and its pods. Runs are serialised per NeuronModel and coalesced:
-  a burst of pod events costs one refresh, not one each. The owner comes from a copy kept from the NeuronModels'
+  child is restored within seconds, and the status follows the workload and its pods. Runs are serialised per
+  NeuronModel and coalesced: a burst of pod events costs one refresh, not one each. The owner comes from a copy kept from the NeuronModels'
   own watch, so a refresh that finds nothing drifted and no status change makes no request at all.
 - No delete handler, timer or daemon: each would make kopf add a finalizer, and deleting a NeuronModel while the
   operator is down would hang. Children are deleted by the garbage collector through their ownerReferences.
@@ -83,7 +83,6 @@ class Reconciler:
     changes: dict[Key, Changes] = field(default_factory=dict)  # children whose events the queued refresh sees
     models: dict[Key, dict] = field(default_factory=dict)  # the latest copy of each NeuronModel the watch showed
     handled: dict[Key, tuple[str, int]] = field(default_factory=dict)  # (uid, generation) given a full run
-    reconciled: set[str] = field(default_factory=set)  # uids this process has run a full reconcile of
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed runs (the backoff's attempt)
     denied: dict[Key, int] = field(default_factory=dict)  # consecutive 401/403 answers
     tasks: set[asyncio.Task] = field(default_factory=set)  # runs in flight (the loop keeps only weak references)
@@ -112,8 +111,6 @@ class Reconciler:
             finally:
                 self.metrics.observe(result, time.monotonic() - started)
         self.denied.pop(key, None)
-        if changed is None and body is not None:
-            self.reconciled.add(body["metadata"]["uid"])
         if outcome.child_error:
             self.failures[key] = self.failures.get(key, 0) + 1
         else:
@@ -155,17 +152,18 @@ class Reconciler:
         if event.get("type") == "DELETED":
             self.models.pop(key, None)
             self.handled.pop(key, None)
-            self.reconciled.discard(meta["uid"])
             self.reconcile.forget(meta["uid"])
             return
         self.models[key] = body
-        stamp = (meta["uid"], meta.get("generation", 1))
-        if self.handled.get(key) == stamp:
+        stamp, before = (meta["uid"], meta.get("generation", 1)), self.handled.get(key)
+        if before == stamp:
             return  # our own status write, a label edit: the spec is what the last full run saw
         self.handled[key] = stamp
         # Stale children (a PDB no longer wanted, a kind switched) exist only where a reconcile ran before: in this
-        # process, or in an earlier one (it wrote status.observedGeneration). A new object has none to list.
-        cleanup = meta["uid"] in self.reconciled or bool((body.get("status") or {}).get("observedGeneration"))
+        # process (an earlier generation of this uid), or in an earlier one (it wrote status.observedGeneration).
+        # A new object has none to list.
+        cleanup = (before is not None and before[0] == meta["uid"]) or \
+            bool((body.get("status") or {}).get("observedGeneration"))
         self._start(self._background(key, full=True, cleanup=cleanup, body=copy.deepcopy(body)))
 
     def retry(self, key: Key) -> None:

@@ -52,6 +52,8 @@ CHILD_KINDS = ("ConfigMap", "Job", "Deployment", "LeaderWorkerSet", "Service", "
 #: Children named by their content that pods of older revisions may still use: deleted only once none does.
 REFERENCED_KINDS = ("ConfigMap", "ResourceClaimTemplate")
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+#: Children that follow the side that serves while a model changes workload kind.
+FOLLOW_THE_SERVING_SIDE = ("Service", "HorizontalPodAutoscaler")
 #: The label LeaderWorkerSet puts on the StatefulSets (and pods) of one LeaderWorkerSet.
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 
@@ -270,7 +272,7 @@ class Reconcile:
                  _kind(leaving))
         desired = builders.serving_children(serving)
         for manifest in desired:
-            if manifest["kind"] in ("Service", "HorizontalPodAutoscaler"):
+            if manifest["kind"] in FOLLOW_THE_SERVING_SIDE:
                 self.kube.apply(manifest)
         self.kube.delete(_kind(leaving), leaving.namespace, workload_name(leaving))
         return desired
@@ -283,16 +285,14 @@ class Reconcile:
             return [m for m in desired if m["kind"] == "Service"]
         if leaving is None:
             return desired
-        old = {m["kind"]: m for m in builders.serving_children(leaving)}
-        kept = [old.get(m["kind"], m) if m["kind"] in ("Service", "HorizontalPodAutoscaler") else m for m in desired]
-        return kept + ([old["HorizontalPodAutoscaler"]] if "HorizontalPodAutoscaler" in old and
-                       not any(m["kind"] == "HorizontalPodAutoscaler" for m in desired) else [])
+        old = {m["kind"]: m for m in builders.serving_children(leaving) if m["kind"] in FOLLOW_THE_SERVING_SIDE}
+        return [old.pop(m["kind"], m) if m["kind"] in FOLLOW_THE_SERVING_SIDE else m for m in desired] + \
+            list(old.values())  # an old HPA the new spec has none of
 
     def _workloads(self, target: Target) -> dict[str, dict]:
         """The live Deployment and LeaderWorkerSet of the model, by kind (one GET each)."""
         found = {}
-        for kind, multi in (("Deployment", False), ("LeaderWorkerSet", True)):
-            name = target.name + (LWS_SUFFIX if multi else "")
+        for kind, name in (("Deployment", target.name), ("LeaderWorkerSet", target.name + LWS_SUFFIX)):
             obj = self.kube.get(kind, target.namespace, name)
             if obj is not None and any(ref.get("uid") == target.uid
                                        for ref in obj["metadata"].get("ownerReferences") or []):

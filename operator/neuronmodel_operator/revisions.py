@@ -116,8 +116,8 @@ def _hidden(source: str, revision: str, field: str, private: bool) -> api.SpecEr
     """The Hub shows no repository `source` without a token: a private one to pin, or a wrong name."""
     if private:
         return api.SpecError(
-            f"{field}.revision: pin a commit of {source} (its 40 hex digits, from the repository's history on the Hub): the "
-            "Hub does not show this repository without a token (a private one), and the operator, which never reads "
+            f"{field}.revision: pin a commit of {source} (its 40 hex digits, from the repository's history on the "
+            "Hub): the Hub does not show this repository without a token (a private one), and the operator, which never reads "
             f"Secrets (spec.model.tokenSecretRef is for the pods), cannot resolve {revision!r} to the one commit "
             "every replica must serve")
     repo = source.removeprefix("hf://")

@@ -1,7 +1,7 @@
 """What a serving workload runs, recorded on it and read back: the compile gate's memory.
 
-The workload (Deployment or LeaderWorkerSet) carries api.ANNOTATION_SERVED (builders.common.served_record): the typed spec its pods run AND what the
-operator resolved it to then (image, compile key, instance type, cores, ...). A reconcile that must hold a rollout
+The workload (Deployment or LeaderWorkerSet) carries api.ANNOTATION_SERVED (builders.common.served_record): the
+typed spec its pods run AND what the operator resolved it to then (image, compile key, instance type, cores, ...). A reconcile that must hold a rollout
 (the new compile key's Job has not succeeded) rebuilds the served Target from it as it was, never by resolving the
 old spec again under today's defaults: an operator upgrade that changes the default image changes the compile key
 of every model without spec.image, and re-resolving would find nothing to hold and roll every model at once onto
@@ -21,8 +21,10 @@ from neuronmodel_operator import api
 from neuronmodel_operator.builders.common import Target
 from neuronmodel_operator.resolve import OperatorDefaults, Resolved, resolve
 
+
 def _resolved(data: Mapping[str, Any]) -> Resolved:
-    fields = {f.name: f for f in dataclasses.fields(Resolved)}
+    """The recorded Resolved (fields of another release's Resolved that this one lacks are left out)."""
+    fields = {f.name for f in dataclasses.fields(Resolved)}
     values = {key: value for key, value in data.items() if key in fields}
     values["warnings"] = tuple(values.get("warnings") or ())
     return Resolved(**values)
