@@ -700,3 +700,37 @@ def test_a_hub_that_does_not_answer_is_retried_not_failed(kube, reconcile, monke
     outcome = reconcile(NS, NAME, cleanup=True)
     assert outcome.child_error and not outcome.spec_error
     assert kube.children() == {} and "status" not in kube.model()
+
+
+# --- the fake API server refuses and forgets what the real one does (tests/integration/test_api_rules.py shows the
+# --- real one doing it)
+
+def job_manifest(memory: str) -> dict:
+    container = {"name": "c", "resources": {"requests": {"memory": memory}}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": NS},
+            "spec": {"template": {"spec": {"containers": [container]}}}}
+
+
+def test_the_fake_refuses_a_changed_job_template_and_immutable_config_map_data(kube):
+    kube.apply(job_manifest("1Gi"))
+    with pytest.raises(ApiError) as refused:
+        kube.apply(job_manifest("2Gi"))
+    assert refused.value.status == 422 and "field is immutable" in refused.value.message
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": NS}, "immutable": True,
+              "data": {"a": "1"}}
+    kube.apply(config)
+    with pytest.raises(ApiError) as refused:
+        kube.apply({**config, "data": {"a": "2"}})
+    assert refused.value.status == 422
+
+
+def test_the_fake_resets_replicas_its_sole_manager_omits_but_not_handed_over_ones(kube):
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": NS},
+                  "spec": {"replicas": 3}}
+    kube.apply(deployment)
+    kube.apply({**deployment, "spec": {}})
+    assert kube.get("Deployment", NS, "d")["spec"]["replicas"] == 1
+    kube.apply(deployment)
+    kube.apply(deployment, field_manager=api.HANDOVER_FIELD_MANAGER)
+    kube.apply({**deployment, "spec": {}})
+    assert kube.get("Deployment", NS, "d")["spec"]["replicas"] == 3

@@ -1,0 +1,54 @@
+"""The API server rules the operator's reconcile is built around, on the real control plane (test_reconcile.py's
+FakeKube models the same rules): a Job's pod template and an immutable ConfigMap's data cannot change (422), and
+server-side apply resets spec.replicas that its sole manager stops setting, unless another manager holds it."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuronmodel_operator import api as nm
+from neuronmodel_operator.k8s import ApiError, Kube
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def kube(admin_client, namespace) -> Kube:
+    return Kube(admin_client)
+
+
+def _job(namespace: str, memory: str) -> dict:
+    container = {"name": "c", "image": "busybox", "command": ["true"], "resources": {"requests": {"memory": memory}}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": namespace},
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [container]}}}}
+
+
+def test_a_job_template_and_immutable_config_map_data_cannot_change(kube, namespace):
+    kube.apply(_job(namespace, "1Gi"))
+    with pytest.raises(ApiError) as refused:
+        kube.apply(_job(namespace, "2Gi"))
+    assert refused.value.status == 422 and "field is immutable" in refused.value.message
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": namespace},
+              "immutable": True, "data": {"a": "1"}}
+    kube.apply(config)
+    with pytest.raises(ApiError) as refused:
+        kube.apply({**config, "data": {"a": "2"}})
+    assert refused.value.status == 422
+
+
+def _deployment(namespace: str, replicas: int | None) -> dict:
+    spec = {"selector": {"matchLabels": {"app": "d"}}, "template": {
+        "metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": namespace},
+            "spec": spec}
+
+
+def test_replicas_a_sole_manager_omits_are_reset_unless_handed_over(kube, namespace):
+    kube.apply(_deployment(namespace, 3))
+    assert kube.apply(_deployment(namespace, None))["spec"]["replicas"] == 1
+    kube.apply(_deployment(namespace, 3))
+    kube.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": namespace},
+                "spec": {"replicas": 3}}, field_manager=nm.HANDOVER_FIELD_MANAGER)
+    assert kube.apply(_deployment(namespace, None))["spec"]["replicas"] == 3
