@@ -49,12 +49,12 @@ def _metavar(setting: Setting) -> str:
         return "{true,false}"
     if get_origin(annotation) is Literal:
         return "{" + ",".join(get_args(annotation)) + "}"
-    return {int: "INT", float: "FLOAT"}.get(annotation, "TEXT")
+    return {int: "INT", float: "FLOAT"}.get(annotation, "JSON" if get_origin(annotation) is dict else "TEXT")
 
 
 def _help(setting: Setting) -> str:
     """The field's description, where else it can be set, and its default (argparse expands %, so it is escaped)."""
-    default = setting.field.default
+    default = setting.field.get_default(call_default_factory=True)
     shown = default if isinstance(default, str) else json.dumps(default)
     return f"{setting.field.description} [{setting.path}; env {setting.env}; default {shown}]".replace("%", "%%")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 #: The embedded default model, converted by scripts/fetch_default_model.py.
@@ -164,11 +164,29 @@ class RuntimeConfig(_Strict):
         description="Prompt tokens prefilled per engine step at most, so decodes of running requests are never starved.",
     )
     device: str = Field("cpu", description="Torch device of the reference runner: cpu, cuda, cuda:1 ...")
+    neuron_config_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="NxDI / TNx NeuronConfig keywords merged last, as vLLM's override_neuron_config (a JSON object: "
+        "fused QKV, kernels, quantization, sequence parallelism ...); a key the installed release does not know is "
+        "a start-up error, and the overrides are part of the compiled artifacts' key.",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     compile_cache: CompileCacheConfig = Field(default_factory=CompileCacheConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+
+    @field_validator("neuron_config_overrides", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        """A JSON object given as text (an environment variable or a flag) is parsed; anything else is validated
+        as it is."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"must be a JSON object, e.g. '{{\"fused_qkv\": true}}' ({exc})") from None
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "RuntimeConfig":

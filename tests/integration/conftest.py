@@ -261,7 +261,10 @@ class Api:
                 return None
             raise
 
-    def events(self, name: str) -> list:
-        return self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+    def events(self, name: str, kind: str = "NeuronModel") -> list:
+        """Events about one object: by default the model itself, not the API server's own notes on its children
+        (its ClusterIP repair loop can warn about any Service just created, whatever the operator did)."""
+        selector = f"involvedObject.name={name},involvedObject.kind={kind}"
+        return self.core.list_namespaced_event(self.ns, field_selector=selector).items
 
 

@@ -51,6 +51,9 @@ DOCUMENTED = {
 
 #: Non-default values that other fields' validators also accept (the generic choice would need a draft model).
 SAMPLES = {"speculation.mode": "promptLookup"}
+#: Fields whose text is JSON: (raw string, the value it must produce).
+JSON_SAMPLES = {"neuron_config_overrides": ('{"fused_qkv": true, "cc_pipeline_tiling_factor": 2}',
+                                            {"fused_qkv": True, "cc_pipeline_tiling_factor": 2})}
 
 
 def leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
@@ -68,6 +71,8 @@ def sample(path: str) -> tuple[str, Any]:
     """(raw string as a user types it, the value it must produce) for a field, different from its default."""
     if path in SAMPLES:
         return SAMPLES[path], SAMPLES[path]
+    if path in JSON_SAMPLES:
+        return JSON_SAMPLES[path]
     info = SETTINGS[path].field
     annotation, default = info.annotation, info.default
     if annotation is bool:

@@ -12,13 +12,46 @@ import importlib.metadata
 import json
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
+from neuronmodel_runtime.config import RuntimeConfig, named
 from neuronmodel_runtime.frameworks import NEURON_INSTALL_HINT
 from neuronmodel_runtime.releases import known, release_of
 from neuronmodel_runtime.runners.base import RunnerError
 from neuronmodel_runtime.sampling.params import SamplingCapabilities
 
+#: The largest global top-k a Neuron runner compiles into its on-device sampler. vllm-neuron caps it at 256
+#: (`_MAX_NEURON_SAMPLING_TOP_K`, "NEURON has an upper limit on the top_k"), as vLLM's TNx speculation runner does;
+#: neuronx-distributed's `nxd_topk` (operators/topk.py, Release 2.29 fbac349) states no limit of its own, so the
+#: limit is the one vLLM found on the device.
+MAX_DEVICE_TOP_K = 256
+
+
+def check_device_top_k(config: RuntimeConfig) -> None:
+    """Refuse a global top-k above the device's limit when sampling on the device (the host sampler has none).
+
+    Raises:
+        RunnerError: naming sampling.global_top_k and both fixes.
+    """
+    top_k = config.sampling.global_top_k
+    if config.sampling.on_device and top_k > MAX_DEVICE_TOP_K:
+        raise RunnerError(
+            f"sampling.global_top_k {top_k} is above {MAX_DEVICE_TOP_K}, the most a Neuron runner's on-device sampler "
+            f"takes: set {named('sampling.global_top_k')} to {MAX_DEVICE_TOP_K} or less, or sample on the host "
+            f"({named('sampling.on_device')} false)")
+
+
+def refuse_managed_overrides(overrides: Mapping[str, Any], managed: Mapping[str, str]) -> None:
+    """Refuse neuron_config_overrides keys the runner derives from RuntimeConfig fields (`managed`: key -> the
+    field that sets it): the runner depends on their values, so they are set through the field.
+
+    Raises:
+        RunnerError: naming each such key and its field.
+    """
+    clash = sorted(set(overrides) & set(managed))
+    if clash:
+        raise RunnerError("neuron_config_overrides: " + "; ".join(f"{key} is set by {managed[key]}" for key in clash)
+                          + ": set the field instead of overriding the key")
 
 
 def import_library(framework: str, module: str, dist: str) -> tuple[ModuleType, str]:
@@ -84,4 +117,4 @@ def sampling_capabilities(framework: str, on_device: bool, global_top_k: int,
     )
 
 
-__all__ = ["first_tokens", "import_library", "read_model_config", "release_warning", "sampling_capabilities"]
+__all__ = ["MAX_DEVICE_TOP_K", "check_device_top_k", "first_tokens", "import_library", "refuse_managed_overrides", "read_model_config", "release_warning", "sampling_capabilities"]
