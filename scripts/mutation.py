@@ -44,6 +44,7 @@ RESOLVE = ("tests/operator_tests/test_resolve.py",)
 NXDI_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "nxdi")
 TNX_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "tnx")
 CACHE = ("tests/runtime_tests/test_cache.py",)
+NXDI_RUNNER = ("tests/runtime_tests/test_nxdi_runner.py",)
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,48 @@ MUTATIONS += [
         "len(batch.slots)), self.global_top_k),",
         NXDI_SUITE,
     ),
+    Mutation(
+        "nxdi: store artifacts load the compile host's checkpoint path", "runners/neuron_nxdi.py",
+        "rebind_checkpoints(self.model.config, self.model_path, self._draft_path())",
+        "pass",
+        NXDI_RUNNER + ("-k", "this_pods_checkpoints"),
+    ),
+    Mutation(
+        "nxdi: only the target's path rebound, not the draft's", "runners/neuron_nxdi.py",
+        "spec.draft_model_path = str(draft_path)",
+        "pass",
+        NXDI_RUNNER + ("-k", "this_pods_checkpoints"),
+    ),
+    Mutation(
+        "nxdi: the worker class read from the class after a fused instance mutated it", "runners/neuron_nxdi.py",
+        "decoder = _DECODER_CLASSES.setdefault(cls, cls._model_cls)\n    cls._model_cls = decoder",
+        "decoder = cls._model_cls",
+        NXDI_RUNNER + ("-k", "compiles_again"),
+    ),
+    Mutation(
+        "nxdi: multimodal model types let through", "runners/neuron_nxdi.py",
+        "    if model_type in NOT_TEXT_ONLY:\n        raise",
+        "    if model_type in ():\n        raise",
+        NXDI_RUNNER + ("-k", "multimodal"),
+    ),
+    Mutation(
+        "nxdi: an unknown override passed on (NxDI only logs it)", "runners/neuron_nxdi.py",
+        "return sorted(key for key in overrides if not hasattr(neuron_config, key))",
+        "return []",
+        NXDI_RUNNER + ("-k", "overrides or later_release"),
+    ),
+    Mutation(
+        "nxdi: neuron_config_overrides dropped", "runners/neuron_nxdi.py",
+        "return {**kwargs, **copy.deepcopy(config.neuron_config_overrides)}",
+        "return kwargs",
+        NXDI_RUNNER + ("-k", "overrides"),
+    ),
+    Mutation(
+        "neuron: a global top-k above the device's limit accepted", "runners/neuron_common.py",
+        "if config.sampling.on_device and top_k > MAX_DEVICE_TOP_K:",
+        "if False:",
+        NXDI_RUNNER + ("-k", "device_limit"),
+    ),
 ]
 
 MUTATIONS += [
@@ -297,6 +340,27 @@ MUTATIONS += [
         "ids = list(prompt) + [0] * (2 - len(prompt)) if len(prompt) < 2 else list(prompt)",
         "ids = list(prompt)",
         TNX_SUITE,
+    ),
+    Mutation(
+        "tnx: int32 start_ids for EAGLE's decoder (it indexes host tensors with them as given)",
+        "runners/neuron_tnx.py",
+        "dtype=torch.int64 if eagle else torch.int32",
+        "dtype=torch.int32",
+        ("tests/runtime_tests/test_tnx_runner.py", "-k", "eagle"),
+    ),
+    Mutation(
+        "tnx: neuron_config_overrides merged before the runner's own keywords (an override of fuse_qkv lost)",
+        "runners/neuron_tnx.py",
+        "kwargs.update(checked_overrides(config.neuron_config_overrides))",
+        "kwargs = {**checked_overrides(config.neuron_config_overrides), **kwargs}",
+        ("tests/runtime_tests/test_tnx_runner.py", "-k", "overrides"),
+    ),
+    Mutation(
+        "tnx: every model type of TNx's registry let through (gptj, bloom ... reach from_pretrained)",
+        "runners/neuron_tnx.py",
+        "served = [name for name in SERVED_MODEL_TYPES if name in mapping]",
+        "served = sorted(mapping)",
+        ("tests/runtime_tests/test_tnx_runner.py", "-k", "cannot_drive"),
     ),
     Mutation(
         "cache: a held compile lease never renewed (a long compile loses its lock)", "cache.py",

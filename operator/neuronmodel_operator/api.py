@@ -65,6 +65,14 @@ _SOURCE_RE = (r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|s3://[a-z0-9][
 CACHE_URL_PATTERN = r"^(s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
 _SOURCE_FORMS = "hf://org/name, s3://bucket/prefix, pvc://claim/path or an absolute path"
 
+#: The largest global top-k Neuron's on-device sampler takes (vllm-neuron's `_MAX_NEURON_SAMPLING_TOP_K`, "NEURON has
+#: an upper limit on the top_k"); the runtime refuses more at start (runners/neuron_common.py, MAX_DEVICE_TOP_K), the
+#: CRD at admission. The host sampler (sampling.onDevice false) and the reference runner have no such limit.
+MAX_DEVICE_TOP_K = 256
+#: Most keys of spec.neuronConfigOverrides. An OpenAPI bound (maxProperties), not CEL: the API server's CEL sees an
+#: object that preserves unknown fields as a type without fields, with no size() (a rule on it does not compile).
+MAX_NEURON_CONFIG_OVERRIDES = 64
+
 
 def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
     """json_schema_extra carrying CEL rules: (rule, message saying how to fix)."""
@@ -139,7 +147,9 @@ class Batching(_Spec):
 
 class Sampling(_Spec):
     on_device: bool = Field(True, description="Sample on the NeuronCores; logprobs need false.")
-    global_top_k: int = Field(256, ge=1, le=65536, description="Candidates per row before per-request top-k/top-p.")
+    global_top_k: int = Field(256, ge=1, le=65536, description="Candidates per row before per-request top-k/top-p; "
+                              f"at most {MAX_DEVICE_TOP_K} on a Neuron device (onDevice true, framework other than "
+                              "torch).")
 
 
 class Speculation(_Spec):
@@ -271,6 +281,16 @@ class NeuronModelSpec(_Spec):
         ("!has(self.parallelism.logicalCoreConfig) || (has(self.instanceType) && "
          "self.instanceType.startsWith('trn2'))",
          "parallelism.logicalCoreConfig applies to trn2 only: remove it or set a trn2 instanceType"),
+        # framework auto is a Neuron runner here whatever the instanceType (resolve.py places it on a Neuron
+        # instance), so only torch, the reference runner, is exempt.
+        (f"self.framework == 'torch' || !self.sampling.onDevice || self.sampling.globalTopK <= {MAX_DEVICE_TOP_K}",
+         f"sampling.globalTopK must be {MAX_DEVICE_TOP_K} or less with sampling.onDevice true: Neuron's on-device "
+         f"sampler takes a global top-k of at most {MAX_DEVICE_TOP_K}; set sampling.globalTopK to "
+         f"{MAX_DEVICE_TOP_K} or less, or sampling.onDevice false to sample on the host"),
+        ("self.framework != 'torch' || !has(self.neuronConfigOverrides)",
+         "neuronConfigOverrides are NxDI / transformers-neuronx NeuronConfig keywords, and framework torch (the "
+         "reference runner) has no NeuronConfig: remove spec.neuronConfigOverrides, or use framework auto, nxdi or "
+         "tnx"),
         *_tp_rules(),
     ))
 
@@ -283,6 +303,17 @@ class NeuronModelSpec(_Spec):
     sampling: Sampling = Field(default_factory=Sampling, description="On-device sampling.")
     speculation: Speculation = Field(default_factory=Speculation, description="Speculative decoding.")
     compile_cache: CompileCache = Field(default_factory=CompileCache, description="Compiled-artifact cache.")
+    neuron_config_overrides: dict[str, Any] = Field(
+        default_factory=dict, max_length=MAX_NEURON_CONFIG_OVERRIDES,
+        description="NxDI / transformers-neuronx NeuronConfig keywords the runtime merges last, as vLLM's "
+        "--additional-config '{\"override_neuron_config\": {...}}': fused QKV, kernels, quantization, sequence "
+        "parallelism (e.g. {fused_qkv: true, sequence_parallel_enabled: true}); values are any JSON. The runtime "
+        "checks the keys against the installed NxDI / TNx release at start: an unknown key fails the pod and the "
+        "compile Job, naming the key. Keys the runtime derives from other spec fields (batch sizes, sequence "
+        "lengths, tp_degree, speculation, on-device sampling, dtype, sharded weights) are refused: set those "
+        "fields. Part of the compile key: a change recompiles. At most "
+        f"{MAX_NEURON_CONFIG_OVERRIDES} keys; not with framework torch (the reference runner has no NeuronConfig).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
     replicas: Optional[int] = Field(None, ge=0, le=1000, description="Serving replicas (groups when nodes > 1); "
                                     "exclusive with autoscaling.")
     autoscaling: Optional[Autoscaling] = Field(None, description="An HPA on a per-pod queue metric; exclusive "

@@ -1,25 +1,46 @@
-"""The runtime images: one Dockerfile target per supported base, and which one serves a model. Pure data.
+"""The runtime images: one Dockerfile target per supported base, which one serves a model by default, and whether AWS
+still patches the line an image is on. Pure data and pure functions.
 
 Each Neuron target is FROM an AWS Neuron inference Deep Learning Container (DLC), at the exact tag the runners were
 written against; our wheel goes on top without replacing the base's torch, torch-neuronx, neuronx-cc, NxDI / TNx
 or transformers (see the Dockerfile). The table here is the one source: the Dockerfile's FROM lines and the
 README's table are checked against it (tests/test_images.py).
 
-Sources (aws-neuron/deep-learning-containers @2be9ed1, see ../shared/research/neuron-2026.md §0, §3 and §7):
+Sources (aws-neuron/deep-learning-containers @2be9ed1, see ../shared/research/neuron-2026.md §0, §3, §7 and §8, and
+vllm-neuron.md §0-§1):
 - the tags: README.md's `pytorch-inference-neuronx` table (SDK 2.25.0, 2.28.0 and 2.31.1 rows); there is no
   2.28.1 image, and SDK 2.32 publishes no `pytorch-inference-neuronx` (NxDI left the DLCs);
 - the versions: the ARGs of the Dockerfile each tag is built from (tag 2.25.0:
   docker/pytorch/inference/2.7.0/Dockerfile.neuronx; tags 2.28.0 and 2.31.1:
   pytorch/inference/2.9.0/Dockerfile.neuronx), which match the SDK release manifests.
-Why these: NxDI supports inf2/trn1 only up to SDK 2.28 (the 2.29 release notes: "pin to release 2.28"); trn2 takes
-the newest SDK that still ships NxDI (2.31.1); transformers-neuronx is last in the SDK 2.25 image.
-"""
 
+Why these, and which is the default (`RuntimeImage.default`; the others serve only a model whose spec.image names
+them):
+- NxDI on inf2, trn1 and trn2: SDK 2.31.1 (NxDI 0.10.18399), the last image with NxDI and the line AWS keeps in
+  maintenance (critical and security fixes) on inf2/trn1. The sources conflict here: NxDI's 2.29 release notes said
+  NxDI models "are now only supported on Trn2 and newer hardware ... pin to release 2.28" for inf2/trn1; the
+  maintenance announcement of 2.30 and its 2026-10-16 update (announce-eos-nxdi-nxd-core-inference) keep NxDI and
+  NxD Core in maintenance on inf2/trn1 at SDK 2.31, aws-neuron-sdk#1322 reads the 2.29 wording as NKI *kernels* on
+  NeuronCore-v2 (dropped for inf2/trn1 from 2.29), and the DLC README lists inf2 for the 2.29-2.31 images. The
+  default follows the later statements: the maintenance line, the only NxDI line AWS still patches.
+- NxDI on inf2/trn1 at SDK 2.28 (NxDI 0.8.16251): kept, not a default, for models that need NKI kernels on
+  NeuronCore-v2 (2.28 is the last release with them on inf2/trn1). AWS no longer patches it, and its Neuron runtime
+  (2.30) is older than Neuron driver 2.29 accepts (runtime 2.33 or later, or `nrt_init()` fails): run it only on
+  nodes whose driver is older than 2.29.
+- trn2: from SDK 2.34 (2026-11-30) AWS supports no NxDI on trn2/trn3 (vLLM Neuron is the supported stack there); the
+  operator keeps serving NxDI on trn2 from the 2.31.1 image, and warns (resolve.py).
+- transformers-neuronx is last in the SDK 2.25 image (end of support 2025-09-16).
+What AWS says about each line is in the runtime's release table (neuronmodel_runtime/releases.py: pure data, the
+one table both sides read); `support` applies it to an image.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Optional
+
+from neuronmodel_operator import devices
+from neuronmodel_runtime.releases import Support, support_of
 
 #: The operator's environment (the chart sets them); flags of the same meaning are in cli.py.
 ENV_RUNTIME_IMAGE_REPOSITORY = "NEURONMODEL_RUNTIME_IMAGE_REPOSITORY"
@@ -44,6 +65,8 @@ class RuntimeImage:
     tnx: Optional[str] = None  # transformers-neuronx in the base
     torch_neuronx: Optional[str] = None
     neuronx_cc: Optional[str] = None
+    default: bool = True  # the operator's choice for `framework` on `families`; False: only through spec.image
+    use: Optional[str] = None  # what a non-default image is kept for, and its caveats (messages, the README)
 
     def framework_version(self, framework: Optional[str] = None) -> Optional[str]:
         """The version of `framework` (default: the image's own) in the base; None when it has none."""
@@ -55,10 +78,12 @@ class RuntimeImage:
 IMAGES: tuple[RuntimeImage, ...] = (
     RuntimeImage("runtime-nxdi-sdk2.28", f"{DLC}:2.9.0-neuronx-py312-sdk2.28.0-ubuntu24.04", "2.28.0", "nxdi",
                  "3.12", ("inf2", "trn1", "trn1n"), nxdi="0.8.16251", torch_neuronx="2.9.0.2.12.22436",
-                 neuronx_cc="2.23.6484.0"),
+                 neuronx_cc="2.23.6484.0", default=False,
+                 use="NKI kernels on NeuronCore-v2, which NxDI has only up to SDK 2.28 on inf2/trn1; its Neuron "
+                 "runtime 2.30 needs nodes with a Neuron driver older than 2.29"),
     RuntimeImage("runtime-nxdi-sdk2.31", f"{DLC}:2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04", "2.31.1", "nxdi",
-                 "3.12", ("trn2", "trn2u"), nxdi="0.10.18399", torch_neuronx="2.9.0.2.15.32035",
-                 neuronx_cc="2.26.6360.0"),
+                 "3.12", ("inf2", "trn1", "trn1n", "trn2", "trn2u"), nxdi="0.10.18399",
+                 torch_neuronx="2.9.0.2.15.32035", neuronx_cc="2.26.6360.0"),
     RuntimeImage("runtime-tnx-sdk2.25", f"{DLC}:2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04", "2.25.0", "tnx",
                  "3.10", ("inf2", "trn1", "trn1n"), nxdi="0.5.9230", tnx="0.13.1216",
                  torch_neuronx="2.7.0.2.9.9357", neuronx_cc="2.20.9961.0"),
@@ -70,9 +95,10 @@ BY_TARGET = {image.target: image for image in IMAGES}
 
 
 def image_for(family: Optional[str], framework: str) -> RuntimeImage:
-    """The target that serves `framework` (auto | nxdi | tnx | torch) on instance `family` (None: a CPU node).
+    """The default target for `framework` (auto | nxdi | tnx | torch) on instance `family` (None: a CPU node).
 
-    torch runs the reference runner on any node. auto is NxDI on every family an NxDI image serves, else TNx.
+    torch runs the reference runner on any node. auto is NxDI on every family an NxDI image serves, else TNx. Only
+    `default` images are chosen; the others serve a model whose spec.image names them.
 
     Raises:
         LookupError: no image serves that framework on that family (TNx on trn2, say).
@@ -82,9 +108,9 @@ def image_for(family: Optional[str], framework: str) -> RuntimeImage:
     wanted = ("nxdi", "tnx") if framework == "auto" else (framework,)
     for name in wanted:
         for image in IMAGES:
-            if image.framework == name and family in image.families:
+            if image.default and image.framework == name and family in image.families:
                 return image
-    served = sorted({f for image in IMAGES if image.framework in wanted for f in image.families})
+    served = sorted({f for image in IMAGES if image.default and image.framework in wanted for f in image.families})
     raise LookupError(f"no runtime image serves framework {framework} on {family or 'a node without Neuron'} "
                       f"(it serves {', '.join(served)})")
 
@@ -102,6 +128,43 @@ def default_image(family: Optional[str], framework: str, repository: str = DEFAU
     return image_ref(repository, version or package_version(), image_for(family, framework).target)
 
 
+def target_of(ref: str) -> Optional[RuntimeImage]:
+    """The table's image an image reference is, or None: a tag `<target>` or `<anything>-<target>` (the release's
+    `<version>-<target>`, a mirror's), or the target's DLC base itself; a digest after the tag is ignored."""
+    name = ref.split("@", 1)[0]
+    if name in {image.base for image in IMAGES}:
+        return next(image for image in IMAGES if image.base == name)
+    tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
+    return next((image for image in IMAGES if tag == image.target or tag.endswith(f"-{image.target}")), None)
+
+
+def runs(image: RuntimeImage, framework: str) -> Optional[str]:
+    """The library the pods run on `image` for spec.framework `framework`: as the runtime's auto decides (NxDI if
+    the image has it, else TNx); None for the reference runner (no Neuron library)."""
+    if framework == "torch" or image.sdk is None:
+        return None
+    if framework != "auto":
+        return framework
+    return "nxdi" if image.nxdi else image.framework
+
+
+def family_of(name: Optional[str]) -> Optional[str]:
+    """devices.py's family of an instance family or type prefix (trn1n -> trn1, trn2u -> trn2); others unchanged."""
+    for instance_type in devices.INSTANCE_TYPES.values():
+        if instance_type.name.split(".")[0] == name:
+            return instance_type.family.name
+    return name
+
+
+def support(image: RuntimeImage, framework: str, family: Optional[str]) -> Optional[Support]:
+    """What AWS says about fixes for the line the pods run on `image` (spec.framework `framework`) on instance
+    `family`; None for the reference runner and a library version the release table does not know."""
+    library = runs(image, framework)
+    if library is None:
+        return None
+    return support_of(library, image.framework_version(library), family_of(family))
+
+
 def package_version() -> str:
     """The installed `neuronmodel` distribution's version (pyproject.toml's)."""
     try:
@@ -111,4 +174,5 @@ def package_version() -> str:
 
 
 __all__ = ["BY_TARGET", "DEFAULT_REPOSITORY", "DLC", "ENV_RUNTIME_IMAGE_REPOSITORY", "ENV_RUNTIME_IMAGE_VERSION",
-           "IMAGES", "RuntimeImage", "default_image", "image_for", "image_ref", "package_version"]
+           "IMAGES", "RuntimeImage", "default_image", "family_of", "image_for", "image_ref", "package_version", "runs",
+           "support", "target_of"]

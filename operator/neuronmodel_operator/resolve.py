@@ -14,6 +14,7 @@ from typing import Optional
 
 from neuronmodel_operator import api, devices, images
 from neuronmodel_operator.api import NeuronModelSpec, SpecError
+from neuronmodel_runtime.releases import NXDI_UNSUPPORTED_ON_TRN
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,13 @@ class OperatorDefaults:
             return spec
         cache = self.compile_cache.model_copy(update={"sharded_weights": spec.compile_cache.sharded_weights})
         return spec.model_copy(update={"compile_cache": cache})
+
+    def image_source(self, spec: NeuronModelSpec) -> Optional[str]:
+        """Who named the image of `spec`, for messages: spec.image, the operator's --runtime-image, or None (the
+        images.py default of its family and framework)."""
+        if spec.image:
+            return "spec.image"
+        return "the operator's --runtime-image (chart value runtimeImage.image)" if self.image else None
 
     def image_for(self, spec: NeuronModelSpec, family: Optional[str]) -> str:
         """The runtime image of `spec` on instance `family` (None: a node without Neuron)."""
@@ -105,7 +113,9 @@ def compile_key(spec: NeuronModelSpec, image: str, instance_family: Optional[str
     """sha256 of the canonical JSON of what changes the compiled graphs (DESIGN.md, compile-artifact cache).
 
     The image stands for the framework, SDK and compiler versions it pins. Replicas, resources, placement and
-    the server port are not in it: changing them never recompiles.
+    the server port are not in it: changing them never recompiles. spec.neuronConfigOverrides is in it only when it
+    has keys, so that a model without overrides keeps the key an operator before the field gave it (a changed key
+    recompiles the model).
     """
     inputs = {
         "model": {"source": spec.model.source, "revision": spec.model.revision, "dtype": spec.model.dtype},
@@ -120,6 +130,8 @@ def compile_key(spec: NeuronModelSpec, image: str, instance_family: Optional[str
         "speculation": spec.speculation.model_dump(mode="json", by_alias=True),
         "shardedWeights": spec.compile_cache.sharded_weights,
     }
+    if spec.neuron_config_overrides:
+        inputs["neuronConfigOverrides"] = spec.neuron_config_overrides
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -198,11 +210,65 @@ def scheduler_for(spec: NeuronModelSpec, instance: devices.InstanceType, lnc: in
         "neuronSchedulerName, default my-scheduler), or set spec.schedulerName")
 
 
+def _line(image: images.RuntimeImage, library: str) -> str:
+    """`image runtime-nxdi-sdk2.28 (NxDI 0.8.16251, Neuron SDK 2.28.0)`: an image line, for messages."""
+    name = {"nxdi": "NxDI", "tnx": "transformers-neuronx"}[library]
+    return f"image {image.target} ({name} {image.framework_version(library)}, Neuron SDK {image.sdk})"
+
+
+def support_warning(spec: NeuronModelSpec, image: str, family: str, defaults: OperatorDefaults) -> Optional[SpecWarning]:
+    """A warning (never a refusal) when the pods run NxDI on trn2, which AWS supports no more from SDK 2.34
+    (`NxdiUnsupportedOnTrn2`), or a Neuron library line AWS no longer patches on `family` (`UnpatchedRuntime`: the
+    SDK 2.28 image, TNx), with the fix.
+
+    The line is the library the pods run on the image (images.runs: auto is NxDI where the image has it); an image
+    the table does not know (a custom spec.image, the operator's --runtime-image) is judged by spec.framework alone:
+    NxDI on trn2 is unsupported whatever the image.
+    """
+    known = images.target_of(image)
+    library = images.runs(known, spec.framework) if known else (
+        spec.framework if spec.framework in ("nxdi", "tnx") else None)
+    if library is None:
+        return None
+    what = _line(known, library) if known else f"the image {image} ({library})"
+    if library == "nxdi" and images.family_of(family) == "trn2":
+        return SpecWarning(
+            "NxdiUnsupportedOnTrn2",
+            f"{what} serves NxDI on trn2: {NXDI_UNSUPPORTED_ON_TRN.says}. The operator keeps serving NxDI on trn2 "
+            f"from the SDK 2.31.1 image, the last with NxDI, without fixes from AWS: move to vLLM Neuron (engine: "
+            f"vllm), the supported stack on trn2, when the operator offers it")
+    support = images.support(known, spec.framework, family) if known else None
+    if support is None or support.patched:
+        return None
+    fixes = ["use framework nxdi (or auto)"] if library == "tnx" else []
+    source = defaults.image_source(spec)
+    if source:
+        fixes.append(f"remove {source}" + (f" unless you need what the image is kept for ({known.use})"
+                                           if known.use else ""))
+    default = images.image_for(family, "nxdi")
+    if images.support(default, "nxdi", family) and images.support(default, "nxdi", family).patched:
+        fixes.append(f"the default {_line(default, 'nxdi')} is patched on {images.family_of(family)}")
+    return SpecWarning("UnpatchedRuntime", f"{what} is on a line AWS no longer patches: {support.says}; "
+                       + "; ".join(fixes))
+
+
+def check_device_top_k(spec: NeuronModelSpec) -> None:
+    """Refuse a global top-k above the device's limit when a Neuron runner samples on the device (the CRD's rule;
+    here for a spec that reached the operator past an older CRD)."""
+    if spec.sampling.on_device and spec.sampling.global_top_k > api.MAX_DEVICE_TOP_K:
+        raise SpecError(f"spec.sampling.globalTopK: {spec.sampling.global_top_k} is above {api.MAX_DEVICE_TOP_K}, the "
+                        f"most Neuron's on-device sampler takes; set it to {api.MAX_DEVICE_TOP_K} or less, or "
+                        "spec.sampling.onDevice false to sample on the host")
+
+
 def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     check_host_paths(spec, defaults)
     compile_job = spec.compile_cache.url is not None and spec.compile_cache.policy != "Never"
     cores_per_pod = spec.parallelism.tensor_parallel_degree // spec.parallelism.nodes
     if spec.framework == "torch":  # the CPU reference runner: no NeuronCores, even on a Neuron instance
+        if spec.neuron_config_overrides:
+            raise SpecError("spec.neuronConfigOverrides: framework torch (the reference runner) has no NeuronConfig; "
+                            "remove the overrides, or use framework auto, nxdi or tnx")
         instance = devices.INSTANCE_TYPES.get(spec.instance_type or "")
         family = instance.family.name if instance else None
         image = defaults.image_for(spec, family)
@@ -211,6 +277,7 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
                         scheduler_name=spec.scheduler_name)
     if spec.parallelism.tensor_parallel_degree % spec.parallelism.nodes:
         raise SpecError("spec.parallelism.nodes must divide spec.parallelism.tensorParallelDegree")
+    check_device_top_k(spec)
     instance = _instance(spec, cores_per_pod)
     family = instance.family
     if spec.framework == "tnx" and spec.compile_cache.sharded_weights:
@@ -239,6 +306,8 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
                                                                     ("HostMemoryShort", host)) if text]
     trn2_lnc = lnc if len(family.lnc_choices) > 1 else None
     image = defaults.image_for(spec, family.name)
+    if support := support_warning(spec, image, family.name, defaults):
+        warnings.append(support)
     key = compile_key(spec, image, family.name, trn2_lnc)
     return Resolved(spec.framework, instance.name, family.name, trn2_lnc, request.cores, request.devices,
                     {} if dra else request.as_resources(), image, key, compile_job, tuple(warnings),

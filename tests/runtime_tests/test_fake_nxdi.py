@@ -455,3 +455,75 @@ def test_qwen2_math_and_a_class_that_does_not_fit_the_checkpoint(nxdi, tmp_path,
     wrong.compile(str(tmp_path / "w"))
     with pytest.raises(NotImplementedError, match="Qwen2ForCausalLM checkpoint"):
         wrong.load(str(tmp_path / "w"))
+
+
+# ---- rules of the second pass: checkpoint paths, image-to-text configs, the fused class swap -----------------------
+
+
+@pytest.mark.parametrize("version", [V03, V06, V09])
+def test_load_shards_from_the_path_recorded_at_compile(nxdi, tmp_path, version):
+    """compile writes the checkpoint's path (_name_or_path) into neuron_config.json; load shards the weights from
+    it: up to 0.6 a missing path is taken for a Hub id, from 0.7 it falls back to the compiled folder (no weights).
+    Another model at that path is loaded without complaint."""
+    import json
+    import shutil
+
+    nxdi(version)
+    moved = tmp_path / "host" / "target"
+    shutil.copytree(TARGET, moved)
+    cfg_mod, llama = mod("models.config"), mod("models.llama.modeling_llama")
+    load_pretrained_config = mod("utils.hf_adapter").load_pretrained_config
+    nc = cfg_mod.NeuronConfig(batch_size=1, seq_len=32, torch_dtype="float32")
+    config = llama.LlamaInferenceConfig(nc, load_config=load_pretrained_config(str(moved)))
+    out = tmp_path / "compiled"
+    llama.NeuronLlamaForCausalLM(str(moved), config).compile(str(out))
+    assert json.loads((out / "neuron_config.json").read_text())["_name_or_path"] == str(moved)
+    shutil.rmtree(moved)
+    missing = OSError if version != V09 else FileNotFoundError
+    with pytest.raises(missing, match="Hugging Face Hub model id" if version != V09 else "no checkpoint"):
+        llama.NeuronLlamaForCausalLM(str(out)).load(str(out))
+    shutil.copytree(DRAFT, moved)  # another model where the compile host's was
+    model = llama.NeuronLlamaForCausalLM(str(out))
+    model.load(str(out))
+    prompt = PROMPTS[0]
+    logits = model(input_ids=torch.tensor([prompt]), position_ids=torch.arange(len(prompt))[None]).logits[0, 0]
+    with torch.inference_mode():
+        draft = transformers.AutoModelForCausalLM.from_pretrained(DRAFT).eval()(torch.tensor([prompt])).logits[0, -1]
+    assert torch.allclose(logits, draft, atol=1e-4)  # the draft's logits: the path's model, not the compiled one
+    model = llama.NeuronLlamaForCausalLM(str(out))
+    model.config._name_or_path = str(TARGET)  # rebound before load: the target again
+    model.load(str(out))
+
+
+@pytest.mark.parametrize("model_type", ["llama4", "pixtral", "qwen2_vl", "qwen3_vl"])
+def test_image_to_text_classes_reject_a_text_only_config(nxdi, model_type):
+    nxdi(V08)
+    cls = mod("utils.constants").MODEL_TYPES[model_type]["causal-lm"]
+    load_pretrained_config = mod("utils.hf_adapter").load_pretrained_config
+    nc = cls.get_neuron_config_cls()(batch_size=1, seq_len=32)
+    with pytest.raises(TypeError, match="vision_neuron_config"):
+        cls.get_config_cls()(nc, load_config=load_pretrained_config(str(TARGET)))
+    with pytest.raises(AssertionError, match="vision_config"):  # a text-only checkpoint has no vision config
+        cls.get_config_cls()(nc, nc, load_config=load_pretrained_config(str(TARGET)))
+
+
+@pytest.mark.parametrize("version,swapped", [(V03, True), (V06, True), (V09, False)])
+def test_a_fused_instance_swaps_the_class_decoder_up_to_0_6(nxdi, tmp_path, version, swapped):
+    """Up to 0.6 a fused-speculation instance sets NeuronFusedSpecModel on its class: a later FusedSpecNeuronConfig
+    built from the class's _model_cls, and a later plain instance, then fail at compile; from 0.7 the swap is the
+    instance's own."""
+    nxdi(version)
+    llama, model_base = mod("models.llama.modeling_llama"), mod("models.model_base")
+    own = llama.NeuronLlamaForCausalLM._model_cls
+    build(tmp_path / "first", draft=True, enable_fused_speculation=True, speculation_length=4)
+    assert (llama.NeuronLlamaForCausalLM._model_cls is model_base.NeuronFusedSpecModel) is swapped
+    if not swapped:
+        build(tmp_path / "second", draft=True, enable_fused_speculation=True, speculation_length=4)
+        build(tmp_path / "plain")
+        return
+    with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'draft_config'"):
+        build(tmp_path / "second", draft=True, enable_fused_speculation=True, speculation_length=4)
+    with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'draft_config'"):
+        build(tmp_path / "plain")
+    llama.NeuronLlamaForCausalLM._model_cls = own  # what the runner's decoder_class does before each instance
+    build(tmp_path / "again", draft=True, enable_fused_speculation=True, speculation_length=4)

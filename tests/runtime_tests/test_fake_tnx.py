@@ -5,6 +5,9 @@ uses), and real tokens."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -25,6 +28,21 @@ def tnx(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def hf():
     return transformers.AutoModelForCausalLM.from_pretrained(str(TARGET), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def eagle_draft(tmp_path_factory) -> Path:
+    """The tiny draft as an EAGLE draft: is_eagle in config.json and an fc projection over [embedding, hidden]."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("eagle-draft")
+    config = json.loads((DRAFT / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "is_eagle": True}))
+    tensors = load_file(str(DRAFT / "model.safetensors"))
+    hidden = config["hidden_size"]
+    tensors["model.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=torch.Generator().manual_seed(0)) * 0.02
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
 
 
 def generation(tnx, lines=None, **extra):
@@ -59,6 +77,14 @@ def context(m, prompt, slot):
 
 
 # --- configuration rules ------------------------------------------------------------------------------------------
+
+def test_quantization_configs_refuse_what_they_do_not_implement(tnx):
+    with pytest.raises(NotImplementedError, match="int4 is not implemented"):
+        tnx.config.QuantizationConfig(quant_dtype="int4")
+    with pytest.raises(NotImplementedError, match="vector_dynamic is not implemented"):
+        tnx.config.KVCacheQuantizationConfig(quantize_method="vector_dynamic")
+    assert tnx.config.KVCacheQuantizationConfig(quant_dtype="f8e4m3fn").dequant_dtype == "bf16"
+
 
 def test_neuron_config_rejects_unknown_keywords(tnx):
     with pytest.raises(AssertionError, match="Unexpected NeuronConfig keyword arguments"):
@@ -274,3 +300,25 @@ def test_fused_speculation_samples_the_targets_distribution(tnx, hf):
     expected[top] = torch.softmax(values, dim=-1)
     assert counts[top].sum() == draws  # nothing outside the target's top 8
     assert 0.5 * (counts / draws - expected).abs().sum() < 0.12  # total variation
+
+
+def test_eagle_takes_int64_start_ids_only(tnx, eagle_draft):
+    """eagle_speculation.py indexes host tensors with start_ids as given (`pad`), beside the graph's int64 seq ids
+    (torch.arange); torch before 2.0 refuses int32 indices and vLLM passes torch.long: the fake refuses any other
+    dtype, at context encoding and at a step, before anything runs, and never converts."""
+    target = model(tnx, neuron_config=speculative_config(tnx, is_eagle_target=True))
+    draft = model(tnx, eagle_draft, neuron_config=speculative_config(tnx, is_eagle_draft=True,
+                                                                     has_pre_attention_norm=False))
+    esd = tnx.eagle_speculation.EagleSpeculativeDecoder(draft, target, pad_token_id=-1, token_tree={0: [1], 1: [2]})
+    esd.to_neuron()
+    prompt, cache = ids(PROMPT), ids(list(range(len(PROMPT))))
+    with pytest.raises(TypeError, match="start_ids must be an int64 .*got torch.int32"):
+        esd.speculative_iteration(prompt, cache, ids(1))  # context encoding
+    assert esd.hidden == {}
+    first, _ = esd.speculative_iteration(prompt, cache, torch.tensor([1]))
+    hidden = esd.hidden[1].clone()
+    with pytest.raises(TypeError, match="got torch.int32"):
+        esd.speculative_iteration(first, ids([len(PROMPT)]), ids(1))  # a step
+    assert torch.equal(esd.hidden[1], hidden)
+    tokens, counts = esd.speculative_iteration(first, ids([len(PROMPT)]), torch.tensor([1]))
+    assert tokens.shape == (1, 3) and 1 <= int(counts[0, 0]) <= 3

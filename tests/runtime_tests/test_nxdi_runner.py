@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fake_neuron.install import install_nxdi
+from fake_neuron.tiny import hf_greedy
 from neuronmodel_runtime.config import load_config
 from neuronmodel_runtime.runners.base import RunnerError
 from neuronmodel_runtime.cache import LOCAL_MARKER
@@ -22,6 +23,7 @@ from neuronmodel_runtime.runners.neuron_nxdi import (
     neuron_config_kwargs,
     speculation_length,
 )
+from runner_helpers import generate
 
 TINY = Path(__file__).resolve().parents[1] / "assets" / "tiny"
 SPEC = {"mode": "draft", "draft_model": str(TINY / "draft"), "num_speculative_tokens": 3}
@@ -156,8 +158,9 @@ def test_an_unsupported_model_type_lists_what_the_release_serves(nxdi, tmp_path)
     shutil.copytree(TINY / "target", model)
     raw = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**raw, "model_type": "qwen2"}))
-    with pytest.raises(RunnerError, match=r"model_type 'qwen2' is not supported by NxDI 0.3.5591 "
-                                          r"\(it serves: dbrx, llama, mixtral, mllama\)"):
+    with pytest.raises(RunnerError, match=r"model_type 'qwen2' is not supported by NxDI 0.3.5591 \(no models/qwen2 "
+                                          r"before 0.4, .*q/k/v biases would be dropped\) "
+                                          r"\(it serves: dbrx, llama, mixtral\)"):
         loaded(config(model=str(model)), model)
 
 
@@ -236,3 +239,138 @@ async def test_how_the_artifacts_were_got_is_in_info_and_metrics(nxdi, tmp_path)
         assert f'neuronmodel:artifacts_cache_hit{{model_name="target"}} {expected_hit}' in metrics
         assert "neuronmodel:startup_load_seconds" in metrics and info["startup"]["load_s"] > 0
     assert os.environ["NEURON_COMPILE_CACHE_URL"] == str(tmp_path / "pvc") + "/neuronx-cc"
+
+
+# --- second pass: rules the first contract fakes did not model ---------------------------------------------------
+
+def greedy_tokens(runner, prompt, steps=8):
+    return generate(runner, [0], [prompt], steps)[0]
+
+
+def transformers_greedy(folder, prompt, steps=8):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype="float32").eval()
+    return hf_greedy(model, prompt, steps)
+
+
+def compile_host_copies(tmp_path):
+    """The model and draft folders as the compile Job saw them."""
+    host = tmp_path / "compile-host"
+    for name in ("target", "draft"):
+        shutil.copytree(TINY / name, host / name)
+    return host
+
+
+@pytest.mark.parametrize("version", ["0.3.5591", "0.6.10598", "0.9.17334"])
+@pytest.mark.parametrize("speculation", [{}, SPEC], ids=["plain", "draft"])
+@pytest.mark.parametrize("there_now", ["nothing", "another model"])
+def test_artifacts_from_the_store_load_this_pods_checkpoints(nxdi, tmp_path, version, speculation, there_now):
+    """The compile Job compiled from its own paths; this pod fetched the artifacts (content-keyed) and has the
+    models elsewhere. Where the Job's paths were, there is now nothing, or another model: either way the pod serves
+    its own checkpoints (NxDI shards the weights at load from the path in neuron_config.json)."""
+    nxdi(version)
+    host = compile_host_copies(tmp_path)
+    store = {"url": str(tmp_path / "pvc")}
+    job_spec = {**speculation, "draft_model": str(host / "draft")} if speculation else {}
+    artifacts = NxdiRunner(config(model=str(host / "target"), speculation=job_spec, compile_cache=store),
+                           str(host / "target")).compile()
+    shutil.rmtree(artifacts.folder)  # the serving pod has nothing local
+    shutil.rmtree(host)
+    if there_now == "another model":  # the draft's weights where the target was, and vice versa
+        shutil.copytree(TINY / "draft", host / "target")
+        shutil.copytree(TINY / "target", host / "draft")
+    pod_spec = {**speculation, "draft_model": str(TINY / "draft")} if speculation else {}
+    serving = loaded(config(speculation=pod_spec, compile_cache={**store, "policy": "Never"}))
+    assert serving.info()["artifacts"]["source"] == "store"
+    prompt = [1, 2, 3, 4, 5]
+    assert greedy_tokens(serving, prompt) == transformers_greedy(TINY / "target", prompt)
+
+
+@pytest.mark.parametrize("model_type", ["llama4", "pixtral", "qwen2_vl", "qwen3_vl", "mllama"])
+def test_multimodal_model_types_are_refused_with_the_reason(nxdi, tmp_path, model_type):
+    nxdi("0.8.16251")
+    model = tmp_path / model_type
+    shutil.copytree(TINY / "target", model)
+    raw = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**raw, "model_type": model_type}))
+    reason = "pixel values" if model_type == "mllama" else "image-to-text model in NxDI"
+    with pytest.raises(RunnerError, match=rf"model_type '{model_type}' is .*{reason}.*text-only causal LMs"):
+        loaded(config(model=str(model)), model)
+
+
+@pytest.mark.parametrize("version, served_by", [("0.6.10598", "NeuronLlamaForCausalLM"),
+                                                ("0.9.17334", "NeuronMistralForCausalLM")])
+def test_mistral_is_served_by_the_llama_class_before_nxdi_0_9(nxdi, tiny_checkpoint, version, served_by):
+    nxdi(version)
+    mistral = tiny_checkpoint("mistral")  # its sliding window (128) is wider than max_model_len (64)
+    runner = loaded(config(model=str(mistral)), mistral)
+    assert runner.info()["model_class"] == served_by
+    prompt = [5, 9, 13, 2]
+    assert greedy_tokens(runner, prompt) == transformers_greedy(mistral, prompt)
+
+
+def test_a_sliding_window_the_llama_class_cannot_honour_is_refused(nxdi, tiny_checkpoint, tmp_path):
+    nxdi("0.6.10598")
+    narrow = tmp_path / "mistral"
+    shutil.copytree(tiny_checkpoint("mistral"), narrow)
+    raw = json.loads((narrow / "config.json").read_text())
+    (narrow / "config.json").write_text(json.dumps({**raw, "sliding_window": 16}))
+    with pytest.raises(RunnerError, match="no sliding window.*sliding_window is 16 < max_model_len 64.*NxDI 0.9"):
+        loaded(config(model=str(narrow)), narrow)
+    assert loaded(config(model=str(narrow), max_model_len=16, max_context_length=8), narrow)  # within the window
+
+
+def test_qwen2_is_served_by_its_own_class_on_nxdi_0_4(nxdi, tiny_checkpoint):
+    """0.4 ships models/qwen2 but MODEL_TYPES lists it from 0.5: the Qwen2 class (q/k/v biases), never Llama's."""
+    nxdi("0.4.7422")
+    qwen2 = tiny_checkpoint("qwen2")
+    runner = loaded(config(model=str(qwen2)), qwen2)
+    assert runner.info()["model_class"] == "NeuronQwen2ForCausalLM"
+    prompt = [7, 3, 11]
+    assert greedy_tokens(runner, prompt) == transformers_greedy(qwen2, prompt)
+
+
+@pytest.mark.parametrize("version", ["0.3.5591", "0.6.10598", "0.9.17334"])
+def test_fused_speculation_compiles_again_in_the_same_process(nxdi, version):
+    """NxDI up to 0.6 leaves NeuronFusedSpecModel on the class after a fused instance: a second speculative
+    compile, and a plain model after it, must still get the class's own decoder."""
+    nxdi(version)
+    from neuronx_distributed_inference.models import model_base
+
+    prompt = [1, 2, 3, 4, 5]
+    expected = transformers_greedy(TINY / "target", prompt)
+    for cfg in (config(speculation=SPEC), config(speculation={**SPEC, "num_speculative_tokens": 2}), config()):
+        assert greedy_tokens(loaded(cfg), prompt) == expected
+    assert model_base.COMPILES == 3
+
+
+def test_the_global_top_k_is_within_the_device_limit(nxdi):
+    nxdi()
+    with pytest.raises(RunnerError, match=r"sampling.global_top_k 300 is above 256.*sampling.on_device"):
+        loaded(config(sampling={"global_top_k": 300}))
+    host = loaded(config(sampling={"global_top_k": 300, "on_device": False}))  # the host sampler has no limit
+    assert host.capabilities().sampling.max_top_k == 300
+
+
+@pytest.mark.parametrize("version", ["0.3.5591", "0.9.17334"])
+def test_neuron_config_overrides_are_merged_last_and_checked(nxdi, version):
+    nxdi(version)
+    runner = loaded(config(neuron_config_overrides={"fused_qkv": True, "sequence_parallel_enabled": True}))
+    neuron_config = runner.model.config.neuron_config
+    assert neuron_config.fused_qkv is True and neuron_config.sequence_parallel_enabled is True
+    plain = loaded(config())
+    assert plain.artifacts.key != runner.artifacts.key  # part of the compile key
+    with pytest.raises(RunnerError, match=rf"neuron_config_overrides: no_such_keyword is not a NeuronConfig keyword "
+                                          rf"of NxDI {version}"):
+        loaded(config(neuron_config_overrides={"no_such_keyword": 1}))
+    with pytest.raises(RunnerError, match=r"batch_size is set by max_num_seqs; seq_len is set by max_model_len"):
+        loaded(config(neuron_config_overrides={"seq_len": 128, "batch_size": 2}))
+
+
+def test_a_keyword_of_a_later_release_is_unknown_to_an_earlier_one(nxdi):
+    nxdi("0.6.10598")
+    with pytest.raises(RunnerError, match="disable_argmax_kernel is not a NeuronConfig keyword of NxDI 0.6"):
+        loaded(config(neuron_config_overrides={"disable_argmax_kernel": True}))  # 0.8 (cd3abf3)
+    nxdi("0.9.17334")
+    assert loaded(config(neuron_config_overrides={"disable_argmax_kernel": True}))

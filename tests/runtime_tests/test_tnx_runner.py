@@ -19,7 +19,7 @@ from neuronmodel_runtime.config import RuntimeConfig  # noqa: E402
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError  # noqa: E402
 from neuronmodel_runtime.cache import LOCAL_MARKER  # noqa: E402
 from neuronmodel_runtime.runners.neuron_tnx import (  # noqa: E402
-    TnxRunner, chain_token_tree, context_buckets, device_line)
+    TnxRunner, chain_token_tree, context_buckets, device_line, neuron_config_kwargs)
 from neuronmodel_runtime.sampling.params import GREEDY, RowSampling  # noqa: E402
 from runner_helpers import generate  # noqa: E402
 
@@ -57,12 +57,23 @@ def eagle_draft(tmp_path_factory) -> Path:
     return folder
 
 
-def make(**overrides) -> TnxRunner:
-    fields = dict(framework="tnx", model=str(TARGET), max_num_seqs=4, max_model_len=64, max_context_length=32,
+def make(model: Path = TARGET, **overrides) -> TnxRunner:
+    fields = dict(framework="tnx", model=str(model), max_num_seqs=4, max_model_len=64, max_context_length=32,
                   dtype="float32")
-    runner = TnxRunner(RuntimeConfig(**{**fields, **overrides}), str(TARGET))
+    runner = TnxRunner(RuntimeConfig(**{**fields, **overrides}), str(model))
     runner.load()
     return runner
+
+
+def retyped(folder: Path, source: Path, model_type: str) -> Path:
+    """`source`'s checkpoint (weights and tokenizer linked) with another model_type in its config.json."""
+    folder.mkdir()
+    for item in source.iterdir():
+        if item.name != "config.json":
+            (folder / item.name).symlink_to(item)
+    config = json.loads((source / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    return folder
 
 
 def decode_one(runner, slots, tokens, positions, rows=None, spec=()):
@@ -267,6 +278,110 @@ def test_unknown_model_type_lists_the_supported_ones(tnx, tmp_path):
         runner.load()
     message = str(error.value)
     assert "'qwen2'" in message and "llama, mistral, mixtral" in message and "framework nxdi or torch" in message
+
+
+@pytest.mark.parametrize("model_type, reason", [
+    ("gptj", "cache_offset"), ("gpt_neox", "cache_offset"), ("bloom", "context_batch_sizes"),
+    ("opt", "context_batch_sizes"), ("gpt2", "no continuous batching")])
+def test_registry_model_types_the_runner_cannot_drive_are_refused_at_load(tnx, tmp_path, model_type, reason):
+    """TNx's registry lists them, but their classes lack what the runner drives (save/load, forward by cache_ids and
+    start_ids, continuous batching): refused up front, as target or as draft, naming the type, why and the fix."""
+    folder = retyped(tmp_path / model_type, TARGET, model_type)
+    with pytest.raises(RunnerError) as error:
+        make(folder)
+    message = str(error.value)
+    assert f"model_type {model_type!r}" in message and reason in message and "framework nxdi or torch" in message
+    draft = retyped(tmp_path / f"{model_type}-draft", DRAFT, model_type)
+    with pytest.raises(RunnerError, match=f"speculation.draft_model: model_type {model_type!r}.*{reason}"):
+        make(speculation={"mode": "draft", "draft_model": str(draft), "num_speculative_tokens": K})
+
+
+def test_served_model_types_reach_the_library(tnx, tmp_path, hf):
+    """code_llama is TNx's LlamaForSampling: served. mixtral is served too, but the fake backs no Mixtral math
+    (`_unbacked`): all this test can show is that the runner goes on to from_pretrained instead of refusing it."""
+    runner = make(retyped(tmp_path / "code-llama", TARGET, "code_llama"))
+    assert runner.info()["model_class"] == "LlamaForSampling"
+    assert generate(runner, [1], [PROMPTS[0]], steps=4) == [hf_greedy(hf, PROMPTS[0], 4)]
+    with pytest.raises(NotImplementedError, match="does not back transformers_neuronx MixtralForSampling"):
+        make(retyped(tmp_path / "mixtral", TARGET, "mixtral"))
+
+
+def test_eagle_gets_int64_start_ids_the_models_and_the_fused_decoder_int32(tnx, eagle_draft, monkeypatch):
+    """vLLM passes its input_block_ids as torch.long; TNx's EAGLE decoder indexes host tensors with start_ids as
+    given (the fake refuses anything else), while the models and FusedSpeculativeDecoder take int32 as before."""
+    seen: dict[str, list] = {"eagle": [], "fused": [], "model": []}
+
+    def spy(cls, name):
+        original = cls.speculative_iteration if name != "model" else cls._run
+
+        def call(self, *args):
+            seen[name].append(args[2].dtype)
+            return original(self, *args)
+        monkeypatch.setattr(cls, "speculative_iteration" if name != "model" else "_run", call)
+
+    spy(tnx.eagle_speculation.EagleSpeculativeDecoder, "eagle")
+    spy(tnx.fused_speculation.FusedSpeculativeDecoder, "fused")
+    runner = make(speculation={"mode": "eagle", "draft_model": str(eagle_draft), "num_speculative_tokens": K})
+    assert seen["eagle"] == [torch.int64] * 4  # every line context-encoded once at load
+    first = runner.prefill(PrefillBatch([1], [PROMPTS[0]], [GREEDY])).token_ids[0]
+    decode_one(runner, [1], first, [len(PROMPTS[0])], spec=[K])
+    assert seen["eagle"] == [torch.int64] * 6
+    fused = make(speculation={"mode": "draft", "draft_model": str(DRAFT), "num_speculative_tokens": K})
+    first = fused.prefill(PrefillBatch([1], [PROMPTS[0]], [GREEDY])).token_ids[0]
+    decode_one(fused, [1], first, [len(PROMPTS[0])], spec=[K])
+    assert seen["fused"] == [torch.int32] * 2
+    spy(tnx.base.NeuronModelBase, "model")
+    plain = make()
+    first = plain.prefill(PrefillBatch([1], [PROMPTS[0]], [GREEDY])).token_ids[0]
+    decode_one(plain, [1], first, [len(PROMPTS[0])])
+    assert seen["model"] == [torch.int32] * 2
+
+
+# --- neuron_config_overrides and the device top-k -------------------------------------------------------------------
+
+def test_neuron_config_overrides_reach_the_target_last_and_key_its_artifacts(tnx):
+    overrides = {"fuse_qkv": False, "sequence_parallel_norm": True, "quant": {"quant_dtype": "s8",
+                                                                              "dequant_dtype": "f32"}}
+    config = RuntimeConfig(framework="tnx", max_num_seqs=4, neuron_config_overrides=overrides)
+    kwargs = neuron_config_kwargs(config, 4096)
+    assert kwargs["fuse_qkv"] is False and kwargs["quant"] == overrides["quant"]  # merged over the defaults
+    assert "sequence_parallel_norm" not in neuron_config_kwargs(config, 4096, "draft")  # vLLM: the target's only
+    plain, overridden = make(), make(neuron_config_overrides=overrides)
+    received = overridden.model.neuron_config
+    assert (received.fuse_qkv, received.sequence_parallel_norm) == (False, True)
+    assert isinstance(received.quant, tnx.config.QuantizationConfig) and received.quant.dequant_dtype == "f32"
+    assert plain.model.neuron_config.fuse_qkv is True
+    assert overridden.artifacts.key.digest != plain.artifacts.key.digest
+    assert overridden.artifacts.folder != plain.artifacts.folder and overridden.info()["compiled_now"] is True
+    speculating = make(neuron_config_overrides={"sequence_parallel_norm": True},
+                       speculation={"mode": "draft", "draft_model": str(DRAFT), "num_speculative_tokens": K})
+    assert speculating.model.neuron_config.sequence_parallel_norm is True
+    assert speculating.draft.neuron_config.sequence_parallel_norm is False
+
+
+def test_neuron_config_overrides_refused_at_load_name_the_key_and_the_fix(tnx):
+    with pytest.raises(RunnerError, match=r"neuron_config_overrides: on_device_sampling is not a NeuronConfig "
+                                          r"keyword of transformers-neuronx 0\.13\.798"):
+        make(neuron_config_overrides={"on_device_sampling": True})
+    with pytest.raises(RunnerError, match="continuous_batching is set by max_num_seqs"):
+        make(neuron_config_overrides={"continuous_batching": {"max_num_seqs": 4}})
+    with pytest.raises(RunnerError, match="is_eagle_target is set by speculation.mode"):
+        make(neuron_config_overrides={"is_eagle_target": True})
+    with pytest.raises(RunnerError, match="on_device_generation is set by sampling.on_device"):
+        make(neuron_config_overrides={"on_device_generation": {"top_k": 1}})
+    with pytest.raises(RunnerError, match="neuron_config_overrides: sparse_attn: .*quant, kv_cache_quant"):
+        make(neuron_config_overrides={"sparse_attn": {"window_size": 8}})
+    with pytest.raises(RunnerError, match="neuron_config_overrides: transformers-neuronx 0.13.798 refuses .*"
+                                          "cast_logits_dtype"):
+        make(neuron_config_overrides={"cast_logits_dtype": "int8"})
+    with pytest.raises(RunnerError, match="neuron_config_overrides: quant: .*int4"):
+        make(neuron_config_overrides={"quant": {"quant_dtype": "int4"}})
+
+
+def test_the_device_top_k_is_capped_when_sampling_on_the_device(tnx):
+    with pytest.raises(RunnerError, match="sampling.global_top_k 300"):
+        make(sampling={"on_device": True, "global_top_k": 300})
+    assert make(sampling={"on_device": False, "global_top_k": 300}).capabilities().sampling.max_top_k == 300
 
 
 def test_load_logs_the_deprecation_and_refuses_multi_node(tnx, caplog):

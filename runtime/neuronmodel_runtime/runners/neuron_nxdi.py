@@ -37,6 +37,7 @@ How NxDI is driven (as vLLM's NxDI integration, PR #16357 and the fix #18279, an
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import logging
 import os
@@ -60,9 +61,11 @@ from neuronmodel_runtime.runners.base import (
 )
 from neuronmodel_runtime.runners.compiled_artifacts import Artifacts, prepare_artifacts
 from neuronmodel_runtime.runners.neuron_common import (
+    check_device_top_k,
     first_tokens,
     import_library,
     read_model_config,
+    refuse_managed_overrides,
     release_warning,
     sampling_capabilities,
 )
@@ -153,7 +156,33 @@ def neuron_config_kwargs(config: RuntimeConfig, eagle3: bool = False,
     nodes = config.parallelism.nodes
     if nodes > 1:
         kwargs["local_ranks_size"] = config.parallelism.tensor_parallel_degree // nodes
-    return kwargs
+    refuse_managed_overrides(config.neuron_config_overrides, MANAGED_KEYWORDS)
+    return {**kwargs, **copy.deepcopy(config.neuron_config_overrides)}  # last, as vLLM's override_neuron_config
+
+
+#: NeuronConfig keywords the runner derives from RuntimeConfig fields (keyword -> the field): the slot contract
+#: depends on their values, so neuron_config_overrides may not set them.
+MANAGED_KEYWORDS = {
+    "tp_degree": "parallelism.tensor_parallel_degree", "local_ranks_size": "parallelism.nodes",
+    "start_rank_id": "parallelism.nodes", **dict.fromkeys(
+        ("batch_size", "ctx_batch_size", "tkg_batch_size", "max_batch_size", "kv_cache_batch_size",
+         "is_continuous_batching"), "max_num_seqs"),
+    "max_context_length": "max_context_length",
+    **dict.fromkeys(("seq_len", "max_length", "n_positions", "max_new_tokens"), "max_model_len"),
+    "torch_dtype": "dtype", "padding_side": "the runner (right padding)",
+    "save_sharded_checkpoint": "compile_cache.sharded_weights",
+    "on_device_sampling_config": "sampling.on_device and sampling.global_top_k",
+    **dict.fromkeys(("speculation_length", "enable_fused_speculation", "enable_eagle_speculation", "is_eagle3"),
+                    "speculation.mode and speculation.num_speculative_tokens"),
+    "logical_nc_config": f"${LNC_ENV} (the operator's parallelism.logicalCoreConfig)",
+}
+
+
+def unknown_overrides(neuron_config: Any, overrides: Mapping[str, Any]) -> list[str]:
+    """The overrides a release's NeuronConfig did not take: NxDI pops every keyword it knows into an attribute of
+    the same name and only logs the rest ("Unexpected keyword arguments"), so a key it lacks would silently do
+    nothing."""
+    return sorted(key for key in overrides if not hasattr(neuron_config, key))
 
 
 def load_ranks(config: RuntimeConfig, node_rank: int) -> dict[str, Optional[int]]:
@@ -174,16 +203,78 @@ def is_eagle3_draft(draft_path: Path) -> bool:
     return any("eagle3" in str(a).lower() for a in raw.get("architectures") or ())
 
 
-def model_class(model_types: dict[str, dict[str, Any]], model_type: str, version: str) -> Any:
-    """NxDI's causal-LM class for a checkpoint's model_type, from NxDI's own registry (`utils/constants.py`)."""
+#: NxDI model types the runner refuses although NxDI has a causal-LM class for them: the slot contract drives
+#: text-only `NeuronBaseForCausalLM`s, and these take images.
+NOT_TEXT_ONLY = {
+    "mllama": "Llama 3.2 Vision: its forward needs pixel values, aspect ratios and a vision mask with each prompt",
+    **dict.fromkeys(("llama4", "pixtral", "qwen2_vl", "qwen3_vl"),
+                    "an image-to-text model in NxDI: its config takes a text and a vision NeuronConfig "
+                    "(ImageToTextInferenceConfig) and its forward image inputs"),
+}
+
+#: Checkpoints a release's MODEL_TYPES does not list that a class of the same release serves exactly:
+#: model_type -> (module, class, what serves it, why a release without that class cannot). NxDI lists mistral
+#: from 0.9 (ef2731e) and qwen2 from 0.5 (f9e99f9).
+FALLBACK_CLASSES = {
+    # Mistral is Llama's architecture plus a sliding window, which the Llama class lacks (see sliding_window_error)
+    "mistral": ("neuronx_distributed_inference.models.llama.modeling_llama", "NeuronLlamaForCausalLM",
+                "the Llama class, as vLLM serves Mistral on NxDI releases without a Mistral class", ""),
+    "qwen2": ("neuronx_distributed_inference.models.qwen2.modeling_qwen2", "NeuronQwen2ForCausalLM",
+              "models/qwen2, which ships (2c46add, 0.4) before MODEL_TYPES lists it",
+              " (no models/qwen2 before 0.4, and the Llama class cannot stand in: its attention has one bias flag "
+              "for q/k/v and o, attention_bias, so Qwen2's q/k/v biases would be dropped)"),
+}
+
+
+def model_class(model_types: dict[str, dict[str, Any]], model_type: str, version: str,
+                import_module: Callable[[str], Any] = importlib.import_module) -> Any:
+    """NxDI's causal-LM class for a checkpoint's model_type: from NxDI's own registry (`utils/constants.py`
+    MODEL_TYPES), else FALLBACK_CLASSES where the release has the class; multimodal types are refused."""
+    if model_type in NOT_TEXT_ONLY:
+        raise RunnerError(f"model_type {model_type!r} is {NOT_TEXT_ONLY[model_type]}; the nxdi runner serves "
+                          "text-only causal LMs: serve its text-only checkpoint, or the model with vLLM Neuron")
     entry = model_types.get(model_type, {})
-    if "causal-lm" not in entry:
-        supported = sorted(k for k, v in model_types.items() if "causal-lm" in v)
-        raise RunnerError(
-            f"model_type {model_type!r} is not supported by NxDI {version} (it serves: {', '.join(supported)}); "
-            "serve it with another NxDI release, framework tnx, or framework torch"
-        )
-    return entry["causal-lm"]
+    if "causal-lm" in entry:
+        return entry["causal-lm"]
+    module, name, how, why_not = FALLBACK_CLASSES.get(model_type, ("", "", "", ""))
+    if module:
+        try:
+            cls = getattr(import_module(module), name)
+        except ImportError:
+            cls = None
+        if cls is not None:
+            log.info("NxDI %s lists no %s class: serving it with %s", version, model_type, how)
+            return cls
+    supported = sorted(k for k, v in model_types.items() if "causal-lm" in v and k not in NOT_TEXT_ONLY)
+    raise RunnerError(
+        f"model_type {model_type!r} is not supported by NxDI {version}{why_not} (it serves: {', '.join(supported)}); "
+        "serve it with another NxDI release, framework tnx, or framework torch"
+    )
+
+
+def sliding_window_error(model_type: str, cls: Any, raw: Mapping[str, Any], max_model_len: int) -> Optional[str]:
+    """Why the Llama class cannot serve this Mistral checkpoint (None when it can): it attends over the whole
+    sequence, so a sliding window shorter than max_model_len would change what the model computes."""
+    window = raw.get("sliding_window")
+    if model_type != "mistral" or "Mistral" in cls.__name__ or not window or window >= max_model_len:
+        return None
+    return (f"this NxDI serves Mistral with its Llama class, which has no sliding window, and the checkpoint's "
+            f"sliding_window is {window} < max_model_len {max_model_len}: set max_model_len to {window} or less, "
+            "or use NxDI 0.9 or later (its Mistral class)")
+
+
+#: Each NxDI application class's own decoder class (`_model_cls`), as first seen. NxDI 0.3-0.6 replace the class
+#: attribute with NeuronFusedSpecModel when a fused-speculation instance is built (model_base.py,
+#: `self.__class__._model_cls = NeuronFusedSpecModel`; per instance from 0.7, fcb5a86), after which the draft's
+#: worker class and any later plain instance of the class in the process would get the fused module.
+_DECODER_CLASSES: dict[Any, Any] = {}
+
+
+def decoder_class(cls: Any) -> Any:
+    """The class's own decoder class, restored on the class before it is instantiated again (a no-op from 0.7)."""
+    decoder = _DECODER_CLASSES.setdefault(cls, cls._model_cls)
+    cls._model_cls = decoder
+    return decoder
 
 
 def device_sampling_tensor(rows: Sequence[RowSampling], global_top_k: int) -> torch.Tensor:
@@ -226,6 +317,18 @@ def fused_step_tokens(accepted: torch.Tensor, next_positions: torch.Tensor, posi
     return first_tokens(accepted.to(torch.int64).tolist(), counts, wanted)
 
 
+def rebind_checkpoints(config: Any, model_path: Path, draft_path: Optional[Path]) -> None:
+    """Point a loaded config at this host's checkpoints before `load()`. NxDI writes the checkpoint path it compiled
+    from (`_name_or_path`, `fused_spec_config.draft_model_path`) into neuron_config.json and, sharding on load,
+    reads the weights from there (application_base.py checkpoint_loader_fn: 5de79de; from fcb5a86 a missing path
+    falls back to the artifacts folder, which holds no weights). Artifacts come from a content-keyed store, so the
+    compile host's path may be missing here, or hold another model."""
+    config._name_or_path = str(model_path)
+    spec = getattr(config, "fused_spec_config", None)
+    if spec is not None and draft_path is not None:
+        spec.draft_model_path = str(draft_path)
+
+
 class NxdiRunner(ModelRunner):
     """An NxDI causal LM (Llama, Qwen2/3, Mixtral, ... as the installed release has them) in `max_num_seqs` slots."""
 
@@ -258,9 +361,12 @@ class NxdiRunner(ModelRunner):
         if self.k and not cfg.sampling.on_device:
             raise RunnerError("speculation.mode draft/eagle on NxDI needs sampling.on_device=true (NxDI's fused "
                               "speculation samples on the device); set it, or speculation.mode none")
+        check_device_top_k(cfg)
         self._cls, kwargs = self._prepare()
         assert self.artifacts is not None
+        decoder_class(self._cls)
         self.model = self._cls(str(self.artifacts.folder))
+        rebind_checkpoints(self.model.config, self.model_path, self._draft_path())
         self.model.load(str(self.artifacts.folder), **load_ranks(cfg, self.node_rank))
         self._capacity = self._read_capacity(kwargs)
 
@@ -282,30 +388,45 @@ class NxdiRunner(ModelRunner):
         from neuronx_distributed_inference.utils.constants import MODEL_TYPES
         from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-        model_type = str(read_model_config(self.model_path, "model").get("model_type"))
+        raw = read_model_config(self.model_path, "model")
+        model_type = str(raw.get("model_type"))
         cls = model_class(MODEL_TYPES, model_type, version)
+        window = sliding_window_error(model_type, cls, raw, cfg.max_model_len)
+        if window:
+            raise RunnerError(window)
         eagle3 = cfg.speculation.mode == "eagle" and is_eagle3_draft(Path(str(cfg.speculation.draft_model)))
         if eagle3 and not release.has_eagle3:
             raise RunnerError(f"speculation.draft_model is an EAGLE3 draft, which NxDI {version} cannot serve "
                               "(is_eagle3 arrived with NxDI 0.7, SDK 2.27); use an EAGLE (v1) draft or a newer image")
         kwargs = neuron_config_kwargs(cfg, eagle3)
+        unknown = unknown_overrides(cls.get_neuron_config_cls()(**copy.deepcopy(kwargs)), cfg.neuron_config_overrides)
+        if unknown:
+            raise RunnerError(f"neuron_config_overrides: {', '.join(unknown)} is not a NeuronConfig keyword of NxDI "
+                              f"{version} (it would be ignored); remove it or use a release that has it")
+        decoder = decoder_class(cls)
 
         def compile_into(folder: Path) -> None:
             neuron_config = cls.get_neuron_config_cls()(**copy.deepcopy(kwargs))
             config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(self.model_path)))
             if self.k:
-                config.fused_spec_config = self._fused_spec_config(cls, nxdi_config, load_pretrained_config,
-                                                                   neuron_config)
+                config.fused_spec_config = self._fused_spec_config(decoder, cls, nxdi_config,
+                                                                   load_pretrained_config, neuron_config)
             log.info("compiling for NxDI %s into %s (minutes to hours on Neuron)", version, folder)
+            decoder_class(cls)
             cls(str(self.model_path), config).compile(str(folder))
 
         self.artifacts = prepare_artifacts(cfg, self.model_path, "nxdi", version,
                                            {"neuron_config": kwargs, "model_type": model_type}, compile_into)
         return cls, kwargs
 
-    def _fused_spec_config(self, cls: Any, nxdi_config: Any, load_pretrained_config: Any, target: Any) -> Any:
+    def _draft_path(self) -> Optional[Path]:
+        return Path(str(self.config.speculation.draft_model)) if self.k else None
+
+    def _fused_spec_config(self, decoder: Any, cls: Any, nxdi_config: Any, load_pretrained_config: Any,
+                           target: Any) -> Any:
         """The draft's config, by NxDI's recipe (inference_demo, vLLM's loader): a copy of the target's neuron
-        config, unfused; an EAGLE draft keeps speculation_length and is flagged is_eagle_draft."""
+        config, unfused; an EAGLE draft keeps speculation_length and is flagged is_eagle_draft. `decoder` is the
+        worker class (`decoder_class`)."""
         draft_path = str(self.config.speculation.draft_model)
         draft = copy.deepcopy(target)
         eagle = self.config.speculation.mode == "eagle"
@@ -316,8 +437,7 @@ class NxdiRunner(ModelRunner):
             draft.is_eagle_draft = True
             draft.sequence_parallel_enabled = False
         draft_config = cls.get_config_cls()(draft, load_config=load_pretrained_config(draft_path))
-        return nxdi_config.FusedSpecNeuronConfig(cls._model_cls, draft_config=draft_config,
-                                                 draft_model_path=draft_path)
+        return nxdi_config.FusedSpecNeuronConfig(decoder, draft_config=draft_config, draft_model_path=draft_path)
 
     def _read_capacity(self, wanted: dict[str, Any]) -> RunnerCapacity:
         """The capacity of the loaded (compiled) config; a folder compiled for another shape is an error, since
@@ -438,5 +558,7 @@ class NxdiRunner(ModelRunner):
         self.sampler.clear()
 
 
-__all__ = ["NxdiRunner", "Release", "device_sampling_tensor", "full_batch", "fused_step_tokens",
-           "load_ranks", "model_class", "neuron_config_kwargs", "prompt_inputs", "speculation_length"]
+__all__ = ["FALLBACK_CLASSES", "MANAGED_KEYWORDS", "NOT_TEXT_ONLY", "NxdiRunner", "Release", "decoder_class",
+           "device_sampling_tensor", "full_batch", "fused_step_tokens", "load_ranks", "model_class",
+           "neuron_config_kwargs", "prompt_inputs", "rebind_checkpoints", "sliding_window_error",
+           "speculation_length", "unknown_overrides"]

@@ -8,15 +8,24 @@ that enforces the rules below. File names in comments are TNx's (src/transformer
 How TNx is driven (as vLLM's TNx loader and runner of PR #16357 drive it, with the differences noted):
 
 - the model class comes from TNx's own registry, `modeling_auto.NEURON_MODEL_FOR_CAUSAL_LM_MAPPING`, by the
-  checkpoint's `model_type`; `cls.from_pretrained(path, batch_size=slots, tp_degree, amp, n_positions=[seq],
-  context_length_estimate=[context buckets], neuron_config=NeuronConfig(...))`. `NeuronConfig` asserts it knows
-  every keyword (config.py); continuous batching needs `batch_size_for_shared_caches == batch_size` (module.py) and
-  forces right padding, so cache ids are 2D `[rows, tokens]`.
+  checkpoint's `model_type`, target and draft alike, for the types the runner serves: llama, code_llama, mistral,
+  mixtral. The registry's others are refused at load (`UNSERVED_MODEL_TYPES` says why, per family: gptj and gpt_neox
+  have no save/load and take `cache_offset`; bloom and opt fail continuous batching's context encoding; gpt2's
+  forward has no continuous batching). `cls.from_pretrained(path, batch_size=slots, tp_degree, amp,
+  n_positions=[seq], context_length_estimate=[context buckets], neuron_config=NeuronConfig(...))`. `NeuronConfig`
+  asserts it knows every keyword (config.py); continuous batching needs `batch_size_for_shared_caches == batch_size`
+  (module.py) and forces right padding, so cache ids are 2D `[rows, tokens]`.
+- `neuron_config_overrides` (vLLM's override_neuron_config) are merged last into the target's NeuronConfig keywords
+  (the draft gets none, as in vLLM's TNx loader), so they are part of the compiled artifacts' key. Keywords the
+  runner derives from RuntimeConfig fields are refused (`MANAGED_KEYWORDS`); a JSON object is built into TNx's
+  config object for quant and kv_cache_quant and refused for any other keyword; a keyword or value TNx refuses is a
+  load error naming it, before any compile.
 - compiled artifacts: `load(folder)` only records the folder and `to_neuron()` then reads the NEFFs (base.py); a
   first start runs `to_neuron()` (compiles) and then `save(folder)` (save needs the compiled kernels). Target and draft
   save separately; the fused speculator has no save/load in 0.13 and is rebuilt at every start (the Neuron
   persistent compile cache, NEURON_COMPILE_CACHE_URL, is what spares that compile).
-- forward by keyword, `model(input_ids, cache_ids=positions, start_ids=slots)`, int32 (the graphs take s32).
+- forward by keyword, `model(input_ids, cache_ids=positions, start_ids=slots)`, int32 (the graphs take s32); the
+  EAGLE decoder gets int64 start_ids (vLLM's torch.long), which it indexes host tensors with as given.
   Context encoding happens iff more than one token is fed and `cache_ids[0, 0] == 0` (base.py
   `_prepare_for_continuous_batching`; an EAGLE model also with one token); it runs one sequence at a time
   (context_batch_sizes is [1] under continuous batching), so prefill sends one prompt per call, padded to two tokens
@@ -38,7 +47,8 @@ How TNx is driven (as vLLM's TNx loader and runner of PR #16357 drive it, with t
   temperature) changed (greedy is top_k 1; top_k clamped to [1, global_top_k]: 0 would keep no candidate,
   temperature is divided by, never 0). TNx's top-p keeps the candidate whose cumulative probability crosses top_p
   (hlo.py `topp`: positions <= count(cumulative < top_p)). With `sampling.on_device` false the model returns
-  logits and the host samples (SlotSampler: seeds, logprobs, penalties).
+  logits and the host samples (SlotSampler: seeds, logprobs, penalties). On the device, sampling.global_top_k is
+  at most 256 (`check_device_top_k`, the limit vLLM's TNx runner has).
 - fused speculation (speculation.mode draft): `FusedSpeculativeDecoder(draft, target, k)`, both models with
   on_device_embedding and on-device generation; `speculative_iteration(input_ids, cache_ids, start_ids)` runs the
   draft k + 1 times (k proposals) and the target over k + 1 positions and returns tokens [B, k + 1] with counts
@@ -54,9 +64,11 @@ How TNx is driven (as vLLM's TNx loader and runner of PR #16357 drive it, with t
 
 from __future__ import annotations
 
+import copy
+import inspect
 import logging
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -75,9 +87,11 @@ from neuronmodel_runtime.runners.base import (
 )
 from neuronmodel_runtime.runners.compiled_artifacts import Artifacts, prepare_artifacts
 from neuronmodel_runtime.runners.neuron_common import (
+    check_device_top_k,
     first_tokens,
     import_library,
     read_model_config,
+    refuse_managed_overrides,
     release_warning,
     sampling_capabilities,
 )
@@ -96,6 +110,36 @@ PAD_TOKEN_ID = -1
 FIRST_CONTEXT_BUCKET = 128
 #: A line's sampling on the device: (top_k, top_p, temperature); greedy is top_k 1.
 GREEDY_LINE = (1, 1.0, 1.0)
+#: The model types of TNx's registry (modeling_auto.py) the runner drives: their classes (llama/model.py, which
+#: code_llama maps to; mistral/model.py; mixtral/model.py) are base.NeuronModelBase models (save/load of compiled
+#: artifacts) with forward(input_ids, cache_ids, start_ids) and continuous batching (context_batch_sizes [1]).
+SERVED_MODEL_TYPES = ("code_llama", "llama", "mistral", "mixtral")
+#: Why each other model type of the 0.13 registry is not served (src/transformers_neuronx at 1ade6d7).
+UNSERVED_MODEL_TYPES = {
+    "gptj": "GPTJForSampling (gptj/model.py) is a module.PretrainedModel: no save/load of compiled artifacts, and "
+            "its forward takes cache_offset, not per-row cache_ids and start_ids (no continuous batching)",
+    "gpt_neox": "GPTNeoXForSampling (gptneox/model.py) is a module.PretrainedModel: no save/load of compiled "
+                "artifacts, and its forward takes cache_offset, not per-row cache_ids and start_ids (no continuous "
+                "batching)",
+    "bloom": "BloomForSampling (bloom/model.py) sets no context_batch_sizes, so continuous batching's context "
+             "encoding fails (base.py _context_dynamic_batching: \"doesn't support dynamic batching\")",
+    "opt": "OPTForSampling (opt/model.py) sets no context_batch_sizes, so continuous batching's context encoding "
+           "fails (base.py _context_dynamic_batching: \"doesn't support dynamic batching\")",
+    "gpt2": "GPT2ForSamplingWithContextBroadcasting (gpt2/model.py) has no continuous batching: its forward never "
+            "maps start_ids to KV lines (no base.py _preprocess) but takes them as a padding offset",
+}
+#: NeuronConfig keywords the runner derives from RuntimeConfig fields (keyword -> the field): the slot contract
+#: depends on their values, so neuron_config_overrides may not set them.
+MANAGED_KEYWORDS = {
+    "continuous_batching": "max_num_seqs",
+    "on_device_generation": "sampling.on_device and sampling.global_top_k",
+    **dict.fromkeys(("on_device_embedding", "is_eagle_target", "is_eagle_draft", "has_pre_attention_norm"),
+                    "speculation.mode"),
+}
+#: NeuronConfig keywords that take a config object, and its class in config.py: a JSON object given for one of
+#: them is built into that class (as vLLM's TNx loader does for quant and kv_cache_quant).
+CONFIG_OBJECTS = {"continuous_batching": "ContinuousBatchingConfig", "on_device_generation": "GenerationConfig",
+                  "quant": "QuantizationConfig", "kv_cache_quant": "KVCacheQuantizationConfig"}
 
 
 def context_buckets(max_context_length: int) -> list[int]:
@@ -135,9 +179,15 @@ def device_line(row: RowSampling, global_top_k: int) -> tuple[int, float, float]
 def neuron_config_kwargs(config: RuntimeConfig, vocab_size: int, role: str = "target") -> dict[str, Any]:
     """NeuronConfig keyword arguments (nested configs as dicts) of the target or the draft (pure).
 
-    Every key is a NeuronConfig argument of 0.13 (config.py). BSH attention / collectives layouts and fused QKV are
-    vLLM's TNx defaults (model_loader/neuron.py); the KV cache keeps the default SBH layout, which allows several
-    context buckets.
+    Every key of ours is a NeuronConfig argument of 0.13 (config.py). BSH attention / collectives layouts and fused
+    QKV are vLLM's TNx defaults (model_loader/neuron.py); the KV cache keeps the default SBH layout, which allows
+    several context buckets. The target's `neuron_config_overrides` are merged last; the draft gets none, as in
+    vLLM's TNx loader, which gives the draft its own draft_model_config.override_neuron_config (SpeculativeConfig
+    never fills it from the target's).
+
+    Raises:
+        RunnerError: an override of a keyword the runner derives from a RuntimeConfig field, or a JSON object for a
+            keyword that takes none the runner builds (`CONFIG_OBJECTS`).
     """
     batch = config.max_num_seqs
     mode = config.speculation.mode
@@ -160,16 +210,32 @@ def neuron_config_kwargs(config: RuntimeConfig, vocab_size: int, role: str = "ta
             kwargs["is_eagle_target"] = True
         else:
             kwargs.update(is_eagle_draft=True, has_pre_attention_norm=False)  # as vLLM's TNx EAGLE loader
+    if role == "target":
+        kwargs.update(checked_overrides(config.neuron_config_overrides))
     return kwargs
 
 
+def checked_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of neuron_config_overrides once no key is one the runner manages and every JSON object is for a
+    keyword that takes a config object (`CONFIG_OBJECTS`)."""
+    refuse_managed_overrides(overrides, MANAGED_KEYWORDS)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and key not in CONFIG_OBJECTS:
+            built = ", ".join(k for k in CONFIG_OBJECTS if k not in MANAGED_KEYWORDS)
+            raise RunnerError(f"neuron_config_overrides: {key}: the tnx runner builds a config object from a JSON "
+                              f"object only for {built}; give {key} a plain value, or leave it out")
+    return copy.deepcopy(dict(overrides))
+
+
 def model_class(mapping: dict[str, Any], model_type: Optional[str], version: str, what: str = "model") -> Any:
-    """TNx's class for a checkpoint's model_type, from its own registry (modeling_auto.py)."""
-    if model_type not in mapping:
-        raise RunnerError(
-            f"{what}: model_type {model_type!r} is not supported by transformers-neuronx {version} (it serves: "
-            f"{', '.join(sorted(mapping))}); serve it with framework nxdi or torch"
-        )
+    """TNx's class for a checkpoint's model_type, from its own registry (modeling_auto.py), if the runner serves it
+    (`SERVED_MODEL_TYPES`)."""
+    served = [name for name in SERVED_MODEL_TYPES if name in mapping]
+    if model_type not in served:
+        reason = (UNSERVED_MODEL_TYPES.get(str(model_type), "the tnx runner was not written for it")
+                  if model_type in mapping else f"transformers-neuronx {version} has no class for it")
+        raise RunnerError(f"{what}: model_type {model_type!r} is not served by the tnx runner: {reason}. It serves "
+                          f"{', '.join(served)}; serve {model_type} with framework nxdi or torch")
     return mapping[model_type]
 
 
@@ -179,6 +245,15 @@ def step_tokens(tokens: torch.Tensor, counts: torch.Tensor, lines: Sequence[int]
     rows = tokens.to(torch.int64).tolist()
     numbers = counts.reshape(-1).to(torch.int64).tolist()
     return first_tokens([rows[line] for line in lines], [numbers[line] for line in lines], wanted)
+
+
+def start_ids(lines: Sequence[int], eagle: bool) -> torch.Tensor:
+    """A call's start_ids (its rows' KV lines). int64 for EagleSpeculativeDecoder: it indexes host tensors with
+    them as given (eagle_speculation.py `pad`: padded_tensor[seq_ids] = tensor; handle_padding) beside its graph's
+    int64 seq ids (torch.arange), and vLLM passes torch.long. int32 for the models (base.py builds its own int32
+    seq ids for token generation) and for FusedSpeculativeDecoder, which converts them itself
+    (fused_speculation.py: start_ids.flatten().to(torch.long)) and passes them to the models as given."""
+    return torch.tensor(list(lines), dtype=torch.int64 if eagle else torch.int32)
 
 
 class TnxRunner(ModelRunner):
@@ -209,6 +284,7 @@ class TnxRunner(ModelRunner):
 
     def load(self) -> None:
         cfg = self.config
+        check_device_top_k(cfg)
         if cfg.parallelism.nodes > 1:
             raise RunnerError("parallelism.nodes > 1: multi-node transformers-neuronx (NEURON_RANK_ID / "
                               "NEURON_LOCAL_TP, Trn1 only) is not served by the tnx runner; set parallelism.nodes "
@@ -260,27 +336,27 @@ class TnxRunner(ModelRunner):
             "target": neuron_config_kwargs(cfg, self.vocab_size, "target"),
             "draft_neuron_config": neuron_config_kwargs(cfg, self.vocab_size, "draft") if self.k else None,
         }
-        draft_kwargs = compiled["draft_neuron_config"]
+        # built before any compile, so that an override TNx refuses fails first; each is used by one build
+        target_config = _neuron_config(tnx_config, compiled["target"], version)
+        draft_config = _neuron_config(tnx_config, compiled["draft_neuron_config"], version) if self.k else None
 
         def compile_into(folder: Path) -> None:  # TNx compiles while it loads: the models stay loaded
             log.info("compiling for transformers-neuronx %s into %s (minutes to hours on Neuron)", version, folder)
-            self.model = self._build(cls, self.model_path, compiled["target"], folder / "target", saved=False)
+            self.model = self._build(cls, self.model_path, target_config, folder / "target", saved=False)
             if draft_cls is not None and draft_path is not None:
-                self.draft = self._build(draft_cls, draft_path, draft_kwargs, folder / "draft", saved=False)
+                self.draft = self._build(draft_cls, draft_path, draft_config, folder / "draft", saved=False)
 
         self.artifacts = prepare_artifacts(cfg, self.model_path, "tnx", version, compiled, compile_into)
         if not self.artifacts.outcome.compiled:
             folder = self.artifacts.folder
-            self.model = self._build(cls, self.model_path, compiled["target"], folder / "target", saved=True)
+            self.model = self._build(cls, self.model_path, target_config, folder / "target", saved=True)
             if draft_cls is not None and draft_path is not None:
-                self.draft = self._build(draft_cls, draft_path, draft_kwargs, folder / "draft", saved=True)
+                self.draft = self._build(draft_cls, draft_path, draft_config, folder / "draft", saved=True)
         if self.k:
             self._build_speculator()
 
-    def _build(self, cls: Any, path: Path, kwargs: dict[str, Any], folder: Path, saved: bool) -> Any:
+    def _build(self, cls: Any, path: Path, neuron_config: Any, folder: Path, saved: bool) -> Any:
         """from_pretrained, then load(folder) + to_neuron() (saved) or to_neuron() + save(folder) (base.py)."""
-        from transformers_neuronx import config as tnx_config
-
         cfg = self.config
         model = cls.from_pretrained(
             str(path),
@@ -289,7 +365,7 @@ class TnxRunner(ModelRunner):
             amp=AMP[cfg.dtype],
             n_positions=[self.n_positions],
             context_length_estimate=list(self.buckets),
-            neuron_config=_neuron_config(tnx_config, kwargs),
+            neuron_config=neuron_config,
         )
         if saved:
             model.load(str(folder))  # only records the folder; to_neuron() reads the NEFFs
@@ -317,7 +393,7 @@ class TnxRunner(ModelRunner):
         if self.eagle:  # EAGLE's per-line state exists only for lines context-encoded once
             for slot in range(self.config.max_num_seqs):
                 ids, cache = _context_inputs([0])
-                self.speculator.speculative_iteration(ids, cache, torch.tensor([slot], dtype=torch.int32))
+                self.speculator.speculative_iteration(ids, cache, start_ids([slot], eagle=True))
 
     # --- contract -----------------------------------------------------------------------------------------------
 
@@ -359,7 +435,7 @@ class TnxRunner(ModelRunner):
         logits: list[torch.Tensor] = []
         for slot, prompt in zip(batch.slots, batch.prompt_ids):
             ids, cache = _context_inputs(prompt)
-            start = torch.tensor([slot], dtype=torch.int32)
+            start = start_ids([slot], self.eagle)
             if self.speculator is not None:  # context-encodes target and draft (and stores EAGLE's state)
                 out, _ = self.speculator.speculative_iteration(ids, cache, start)
                 tokens.append([int(out.reshape(-1)[0])])
@@ -464,7 +540,7 @@ class TnxRunner(ModelRunner):
         for slot, token, position in zip(batch.slots, batch.last_tokens, batch.positions):
             ids[slot, 0] = token
             cache[slot, 0] = position
-        return ids, cache, torch.arange(lines, dtype=torch.int32)
+        return ids, cache, start_ids(range(lines), self.eagle)
 
     def _eagle_state(self, slots: Sequence[int]) -> dict[str, dict[int, Any]]:
         """EAGLE's per-line state (eagle_speculation.py: hidden, cache_gather_indices, cache_scatter_indices) of the
@@ -488,17 +564,36 @@ def _context_inputs(prompt: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor([ids], dtype=torch.int32), torch.tensor([cache], dtype=torch.int32)
 
 
-def _neuron_config(tnx_config: Any, kwargs: dict[str, Any]) -> Any:
-    """NeuronConfig from `neuron_config_kwargs`: nested dicts become TNx's config objects (fresh ones each time:
-    TNx mutates the generation config it is given)."""
-    values = dict(kwargs)
-    values["continuous_batching"] = tnx_config.ContinuousBatchingConfig(**kwargs["continuous_batching"])
-    if "on_device_generation" in kwargs:
-        values["on_device_generation"] = tnx_config.GenerationConfig(
-            **{k: list(v) if isinstance(v, list) else v for k, v in kwargs["on_device_generation"].items()})
-    return tnx_config.NeuronConfig(**values)
+def _neuron_config(tnx_config: Any, kwargs: Mapping[str, Any], version: str) -> Any:
+    """NeuronConfig from `neuron_config_kwargs`, its JSON objects built into TNx's config objects (`CONFIG_OBJECTS`;
+    from a deep copy: TNx mutates the generation config it is given).
+
+    Raises:
+        RunnerError: TNx refuses an override: NeuronConfig asserts it knows every keyword and checks some values
+            (config.py), the config objects check theirs.
+    """
+    values = copy.deepcopy(dict(kwargs))
+    for key, value in values.items():
+        if isinstance(value, dict) and key in CONFIG_OBJECTS:
+            try:
+                values[key] = getattr(tnx_config, CONFIG_OBJECTS[key])(**value)
+            except (TypeError, NotImplementedError, AssertionError) as exc:
+                raise RunnerError(f"neuron_config_overrides: {key}: transformers-neuronx {version} refuses it as "
+                                  f"{CONFIG_OBJECTS[key]} ({exc}); fix or remove it") from exc
+    try:
+        return tnx_config.NeuronConfig(**values)
+    except AssertionError as exc:
+        known = inspect.signature(tnx_config.NeuronConfig).parameters
+        unknown = [key for key in kwargs if key not in known]
+        if unknown:
+            raise RunnerError(f"neuron_config_overrides: {', '.join(unknown)} is not a NeuronConfig keyword of "
+                              f"transformers-neuronx {version}; remove it (the keywords: NeuronConfig in its "
+                              "config.py)") from exc
+        raise RunnerError(f"neuron_config_overrides: transformers-neuronx {version} refuses the NeuronConfig they "
+                          f"make ({exc}); fix or remove the override") from exc
 
 
-__all__ = ["AMP", "END_OF_SUPPORT", "PAD_TOKEN_ID", "TnxRunner", "chain_token_tree",
-           "context_buckets", "device_line", "device_top_k", "model_class", "neuron_config_kwargs",
-           "sequence_length", "step_tokens"]
+__all__ = ["AMP", "CONFIG_OBJECTS", "END_OF_SUPPORT", "MANAGED_KEYWORDS", "PAD_TOKEN_ID", "SERVED_MODEL_TYPES",
+           "TnxRunner", "UNSERVED_MODEL_TYPES", "chain_token_tree", "checked_overrides", "context_buckets",
+           "device_line", "device_top_k", "model_class", "neuron_config_kwargs", "sequence_length", "start_ids",
+           "step_tokens"]

@@ -5,6 +5,8 @@ The rules a caller can break, as the real library enforces them:
 - NeuronConfig takes keyword arguments only and ends with `assert len(kwargs) == 0`: an unknown key is fatal;
 - continuous batching forces `padding_side="right"` (lhs_aligned, so cache_ids are 2D);
 - ContinuousBatchingConfig needs `max_num_seqs` or its alias `batch_size_for_shared_caches` and rejects unknown keys;
+- QuantizationConfig and KVCacheQuantizationConfig refuse a quant_dtype or quantize_method they do not implement
+  (NotImplementedError);
 - GenerationConfig stores lists as given (top_p / temperature as floats); list lengths are checked against the batch
   size when a model compiles or `update_generation_config` runs (decoder.py `validate_generation_configs`).
 """
@@ -28,6 +30,15 @@ class QuantizationConfig:
             raise NotImplementedError(f"{quantize_method} is not implemented.")
         self.quant_dtype, self.dequant_dtype, self.quantize_method = quant_dtype, dequant_dtype, quantize_method
         self.quantize_attn, self.no_quantize_list = quantize_attn, no_quantize_list
+
+
+class KVCacheQuantizationConfig:
+    def __init__(self, quant_dtype="s8", dequant_dtype="bf16", quantize_method="direct_cast"):
+        if quant_dtype not in ("s8", "f16", "bf16", "f8e4m3fn"):
+            raise NotImplementedError(f"{quant_dtype} is not implemented. Available options are s8,f16,bf16,f8e4m3fn")
+        if quantize_method not in ("direct_cast",):
+            raise NotImplementedError(f"{quantize_method} is not implemented.  Available options are direct_cast")
+        self.quant_dtype, self.dequant_dtype, self.quantize_method = quant_dtype, dequant_dtype, quantize_method
 
 
 class ContinuousBatchingConfig:
@@ -93,7 +104,7 @@ class NeuronConfig:
     def __init__(self, *,
                  sparse_attn=None,
                  quant: Optional[QuantizationConfig] = None,
-                 kv_cache_quant=None,
+                 kv_cache_quant: Optional[KVCacheQuantizationConfig] = None,
                  continuous_batching: Optional[ContinuousBatchingConfig] = None,
                  attention_layout=Layout.HSB,
                  collectives_layout=Layout.HSB,

@@ -15,6 +15,11 @@ Rules of the real code kept here:
   every line, then `handle_padding`: with fewer rows than lines the outputs are gathered by start_ids, but with as
   many rows as lines the outputs are returned in LINE order as they are (so a full batch must come with start_ids
   sorted), and the state of the i-th start_id is set from the i-th output.
+- start_ids must be int64 (torch.long), on every call; the fake refuses any other dtype (TypeError) and never
+  converts them. The real decoder indexes host tensors with start_ids as given (`pad`: `padded_tensor[seq_ids] =
+  tensor`, `handle_padding`, `self.hidden[i.item()]`) beside the graph's own seq ids, `torch.arange` (int64), and
+  torch before 2.0 refuses int32 indices; vLLM's neuron runner passes its input_block_ids as torch.long, the inputs
+  this decoder is known to run with. (FusedSpeculativeDecoder converts them itself: `.to(torch.long)`.)
 - a tree draft proposes the top-`width` tokens of its logits with probability 1 (draft_probs = 1.0), so a proposal
   is accepted with probability p_target(token) and a rejection samples p_target without that token.
 The fake computes chain trees only (one path); the draft KV of accepted positions is rewritten from the target's
@@ -29,6 +34,17 @@ from transformers_neuronx import _backing
 from transformers_neuronx.fused_speculation import FusedSpeculativeBase, _prob_of
 from transformers_neuronx.layers.generation import multinomial, uniform
 from transformers_neuronx.util.token_tree import validate_token_tree
+
+
+def _check_int64(start_ids) -> None:
+    """start_ids as the real decoder can index with them on any torch it supports (see the module docstring)."""
+    dtype = start_ids.dtype if isinstance(start_ids, torch.Tensor) else type(start_ids).__name__
+    if dtype != torch.int64:
+        raise TypeError(
+            f"EagleSpeculativeDecoder.speculative_iteration: start_ids must be an int64 (torch.long) tensor, got "
+            f"{dtype}: eagle_speculation.py indexes host tensors with them as given (pad: padded_tensor[seq_ids] = "
+            "tensor), which torch before 2.0 refuses for int32, beside the graph's own int64 seq ids "
+            "(torch.arange); vLLM passes them as torch.long")
 
 
 class EagleSpeculativeDecoder(FusedSpeculativeBase):
@@ -58,6 +74,7 @@ class EagleSpeculativeDecoder(FusedSpeculativeBase):
         self.target.update_generation_config(generation_config)
 
     def speculative_iteration(self, input_ids: torch.Tensor, cache_ids: torch.Tensor, start_ids: torch.Tensor):
+        _check_int64(start_ids)
         batch_size, cache_ids, context_encoding = self._start_iteration(input_ids, cache_ids)
         if context_encoding:
             target_next_id, hidden = self.target(input_ids, cache_ids, start_ids)
@@ -81,7 +98,7 @@ class EagleSpeculativeDecoder(FusedSpeculativeBase):
 
         def pad(tensor, seq_ids, target_batch):
             padded = torch.zeros([target_batch] + list(tensor.shape[1:]), dtype=tensor.dtype)
-            padded[seq_ids.to(torch.long)] = tensor
+            padded[seq_ids] = tensor
             return padded
 
         full_input_ids, cache_ids_pad, hidden_pad, gather_pad, scatter_pad = [

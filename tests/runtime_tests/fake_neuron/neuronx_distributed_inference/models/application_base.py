@@ -4,8 +4,11 @@ src/neuronx_distributed_inference/models/application_base.py at 5de79de (0.3), 2
 compile writes neuron_config.json (before tracing, so even a failed trace leaves it), runs the checks the real
 trace would fail on, then writes the model.pt marker (and, with save_sharded_checkpoint, the per-rank weight
 files); model_base.COMPILES counts compiles that produced a model.pt. load reads model.pt (ValueError as
-torch.jit.load when missing), then builds the math from the checkpoint at config._name_or_path (shard on load,
-the default since 0.3), so that checkpoint must still be there."""
+torch.jit.load when missing), then builds the math from the checkpoint at config._name_or_path, which compile wrote
+into neuron_config.json (shard on load, the default since 0.3), and the draft's at
+fused_spec_config.draft_model_path: whatever is at those paths at load time is what serves. A missing
+_name_or_path is a Hub id up to 0.6 and falls back to the compiled folder from 0.7 (fcb5a86), which has no
+weights (model_base.NeuronBaseForCausalLM._checkpoint_path)."""
 
 from __future__ import annotations
 

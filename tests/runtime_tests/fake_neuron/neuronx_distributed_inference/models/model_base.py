@@ -26,6 +26,10 @@ forward (keywords as the real signature: input_ids, seq_ids, attention_mask, pos
   0), next_attention_mask, next_pos_ids (B, 1) = position_ids + n. EAGLE (enable_eagle_speculation) has the same
   step shape (_eagle_token_gen_forward: k-1 drafts, the target over k tokens, the same postprocessor); the fake
   runs it with a plain draft checkpoint and the EAGLE draft's argmax, not the draft's hidden-state input.
+* A fused-speculation instance replaces `_model_cls` with NeuronFusedSpecModel: on the CLASS up to 0.6
+  (`self.__class__._model_cls`), on the instance from 0.7 (fcb5a86). A FusedSpecNeuronConfig whose worker_cls is
+  NeuronFusedSpecModel, or a plain instance built while the class holds it, fails at compile and load as the real
+  NeuronFusedSpecModel.__init__ does (AttributeError on config.fused_spec_config.draft_config).
 * The fake computes in float32 on the CPU whatever torch_dtype says (the real casts to it, bfloat16 by default),
   and refuses (NotImplementedError, at construction) the features whose graphs it does not model (see
   config.UNMODELLED and _refuse_unmodelled) rather than ignoring them.
@@ -34,6 +38,7 @@ forward (keywords as the real signature: input_ids, seq_ids, attention_mask, pos
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 
 import torch
@@ -102,6 +107,12 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             low or nc.max_context_length, nc.max_context_length)
         tkg = (nc.enable_bucketing and nc.token_generation_buckets) or generate_buckets(low or nc.max_length,
                                                                                          nc.max_length)
+        if nc.enable_fused_speculation:  # 5de79de: the class attribute, so every later instance too; fcb5a86: its own
+            if at_least((0, 7)):
+                self._model_cls = NeuronFusedSpecModel
+            else:
+                self.__class__._model_cls = NeuronFusedSpecModel
+        self._decoder_cls = self._model_cls  # what the wrappers are built with (model_cls=self._model_cls)
         self.context_encoding_model = ModelWrapper(self, CONTEXT_ENCODING_MODEL_TAG, nc.ctx_batch_size, cte)
         if nc.enable_fused_speculation:
             self.fused_spec_model = ModelWrapper(self, FUSED_SPECULATION_MODEL_TAG, nc.tkg_batch_size, tkg)
@@ -124,8 +135,20 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         if bad:
             raise NotImplementedError(f"the fake NxDI does not model {', '.join(bad)}")
 
+    def _check_decoder_classes(self):
+        """What instantiating the wrappers' decoder (at trace and at load) fails on: a plain model built with
+        NeuronFusedSpecModel (left on the class by an earlier fused instance, up to 0.6) reads
+        config.fused_spec_config.draft_config of None; so does a fused model whose worker_cls is
+        NeuronFusedSpecModel, on its draft config (NeuronFusedSpecModel.__init__ builds worker_cls(draft_config))."""
+        spec = self.fused_spec_config
+        fused = self.neuron_config.enable_fused_speculation
+        if (self._decoder_cls is NeuronFusedSpecModel and not fused) or (
+                fused and spec is not None and spec.worker_cls is NeuronFusedSpecModel):
+            raise AttributeError("'NoneType' object has no attribute 'draft_config'")
+
     def _check_traceable(self):
         """What the real trace (compile) fails on."""
+        self._check_decoder_classes()
         nc = self.neuron_config
         if nc.is_continuous_batching and nc.ctx_batch_size != 1:
             raise AssertionError("only supports single seq_id")  # kv_cache_manager.update_kv_by_layer_id
@@ -170,12 +193,34 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             return LlamaModel(cfg, weights, num_slots=nc.kv_cache_batch_size + nc.kv_cache_padding_size,
                               max_len=nc.max_length)
 
-        # shard on load: the Hugging Face checkpoint at config._name_or_path (else the constructor's path)
-        self._target = build(getattr(self.config, "_name_or_path", None) or self.model_path, type(self))
+        # shard on load: the checkpoint at config._name_or_path (checkpoint_loader_fn), the draft's at
+        # fused_spec_config.draft_model_path
+        self._check_decoder_classes()
+        self._target = build(self._checkpoint_path(), type(self))
         self._samplers = {}
         if nc.enable_fused_speculation:
             spec = self.fused_spec_config
-            self._draft = build(spec.draft_model_path, getattr(spec, "draft_model_cls", None) or type(self))
+            self._draft = build(self._local_checkpoint(spec.draft_model_path),
+                                getattr(spec, "draft_model_cls", None) or type(self))
+
+    def _checkpoint_path(self):
+        """checkpoint_loader_fn's model_path: `getattr(config, "_name_or_path", model_path)` up to 0.6; from 0.7
+        (fcb5a86) a missing path falls back to model_path, the compiled artifacts' folder here."""
+        path = getattr(self.config, "_name_or_path", None)
+        if at_least((0, 7)) and (path is None or not os.path.exists(path)):
+            path = self.model_path
+        return self._local_checkpoint(path or self.model_path)
+
+    @staticmethod
+    def _local_checkpoint(path):
+        """get_state_dict reads a folder's safetensors, else takes the path for a Hub model id: the fake has no
+        Hub, and a folder without a checkpoint (the artifacts folder) has no weights to read."""
+        if not os.path.isdir(path):
+            raise OSError(f"{path} is not a local folder, so NxDI would look it up as a Hugging Face Hub model id "
+                          "(the fake has no Hub)")
+        if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(path)):
+            raise FileNotFoundError(f"no checkpoint (safetensors) in {path}")
+        return path
 
     def get_generation_model(self) -> ModelWrapper:
         return self.fused_spec_model if self.neuron_config.enable_fused_speculation else self.token_generation_model
