@@ -10,9 +10,16 @@ How NxDI is driven (as vLLM's NxDI integration, PR #16357 and the fix #18279, an
 - one `NeuronConfig` from the RuntimeConfig (`neuron_config_kwargs`, pure): batch_size = slots, continuous batching
   with ctx_batch_size 1, dynamic on-device sampling unless `sampling.on_device` is false; `InferenceConfig` through
   the model class's own config class and `load_pretrained_config`; the model class from NxDI's `MODEL_TYPES`.
+- the model class: text-only causal LMs only (NOT_TEXT_ONLY: mllama and the image-to-text classes are refused);
+  a model_type the release's MODEL_TYPES lacks may still have a class of that release (FALLBACK_CLASSES: Mistral on
+  the Llama class before 0.9, Qwen2's own class on 0.4). `neuron_config_overrides` are merged last into the
+  NeuronConfig kwargs (as vLLM's override_neuron_config), so they are part of the artifacts' key; a key the
+  installed NeuronConfig does not keep is refused (NxDI itself only logs it), as is one the runner derives.
 - compile once into an artifacts folder (`compiled_artifacts.prepare_artifacts`: found there, fetched from the
-  shared store, or compiled and stored), then `cls(folder).load(folder)`: the loaded
-  `neuron_config.json` is what serves, so the capacity is read back from it.
+  shared store, or compiled and stored), then `cls(folder)`, the checkpoint paths rebound to this host's
+  (`rebind_checkpoints`: NxDI shards the weights at load from the path it compiled from), and `load(folder)`: the
+  loaded `neuron_config.json` is what serves, so the capacity is read back from it. Up to 0.6 a fused instance
+  swaps its class's decoder class for NeuronFusedSpecModel; `decoder_class` restores it before each instance.
 - `forward` by keyword, int32 ids. Prefill is one row per call (ctx_batch_size 1; `models/model_base.py` runs
   context encoding iff `position_ids.min() == 0`). NxDI pads a prompt to its bucket with position 1 and reads the
   row's last token at the highest position, so a one-token prompt would be answered from a pad: it is sent padded to
@@ -175,6 +182,7 @@ MANAGED_KEYWORDS = {
     **dict.fromkeys(("speculation_length", "enable_fused_speculation", "enable_eagle_speculation", "is_eagle3"),
                     "speculation.mode and speculation.num_speculative_tokens"),
     "logical_nc_config": f"${LNC_ENV} (the operator's parallelism.logicalCoreConfig)",
+    "output_logits": "the runner (it reads tokens, or the last position's logits)",
 }
 
 

@@ -135,9 +135,12 @@ MANAGED_KEYWORDS = {
     "on_device_generation": "sampling.on_device and sampling.global_top_k",
     **dict.fromkeys(("on_device_embedding", "is_eagle_target", "is_eagle_draft", "has_pre_attention_norm"),
                     "speculation.mode"),
+    # they change the output's shape: the runner reads one token, or one row of logits, per line
+    **dict.fromkeys(("output_all_logits", "log_softmax_scores"), "the runner (one output per line)"),
 }
 #: NeuronConfig keywords that take a config object, and its class in config.py: a JSON object given for one of
-#: them is built into that class (as vLLM's TNx loader does for quant and kv_cache_quant).
+#: them is built into that class, as vLLM's TNx loader builds them (it builds sparse_attn's SparseAttnConfig too; the
+#: runner does not, so a JSON object for sparse_attn, or any other keyword, is refused).
 CONFIG_OBJECTS = {"continuous_batching": "ContinuousBatchingConfig", "on_device_generation": "GenerationConfig",
                   "quant": "QuantizationConfig", "kv_cache_quant": "KVCacheQuantizationConfig"}
 
@@ -235,7 +238,7 @@ def model_class(mapping: dict[str, Any], model_type: Optional[str], version: str
         reason = (UNSERVED_MODEL_TYPES.get(str(model_type), "the tnx runner was not written for it")
                   if model_type in mapping else f"transformers-neuronx {version} has no class for it")
         raise RunnerError(f"{what}: model_type {model_type!r} is not served by the tnx runner: {reason}. It serves "
-                          f"{', '.join(served)}; serve {model_type} with framework nxdi or torch")
+                          f"{', '.join(served)}; serve it with framework nxdi or torch")
     return mapping[model_type]
 
 
