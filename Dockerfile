@@ -5,8 +5,8 @@
 # families) is operator/neuronmodel_operator/images.py, the operator's default images come from it, and the README
 # shows it; tests/test_images.py checks that the three agree and lints this file (hadolint).
 #
-#   docker build --target runtime-nxdi-sdk2.28 --build-arg VERSION=0.1.0 \
-#       -t ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-runtime-nxdi-sdk2.28 .
+#   docker build --target runtime-nxdi-sdk2.31 --build-arg VERSION=0.1.0 \
+#       -t ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-runtime-nxdi-sdk2.31 .
 #
 # Every target: our wheel (built once, below), a non-root user with the fixed UID 1000 (the operator's pods run as
 # runAsUser 1000), HOME and NEURONMODEL_CACHE writable by it, ENTRYPOINT neuronmodel-runtime, CMD serve, port 8000.
@@ -79,7 +79,7 @@ FROM public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.28
 ARG VERSION
 ARG REVISION
 LABEL org.opencontainers.image.title="neuronmodel-runtime" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
-LABEL org.opencontainers.image.description="neuronmodel runtime: NxDI 0.8.16251, Neuron SDK 2.28.0, inf2 and trn1" \
+LABEL org.opencontainers.image.description="neuronmodel runtime: NxDI 0.8.16251, Neuron SDK 2.28.0, inf2 and trn1 (NKI kernels on NeuronCore-v2)" \
       org.opencontainers.image.base.name="public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.28.0-ubuntu24.04" \
       dev.neuronmodel.target="runtime-nxdi-sdk2.28" \
       dev.neuronmodel.framework="nxdi"
@@ -98,7 +98,7 @@ FROM public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.31
 ARG VERSION
 ARG REVISION
 LABEL org.opencontainers.image.title="neuronmodel-runtime" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
-LABEL org.opencontainers.image.description="neuronmodel runtime: NxDI 0.10.18399, Neuron SDK 2.31.1, trn2" \
+LABEL org.opencontainers.image.description="neuronmodel runtime: NxDI 0.10.18399, Neuron SDK 2.31.1, inf2, trn1 and trn2" \
       org.opencontainers.image.base.name="public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04" \
       dev.neuronmodel.target="runtime-nxdi-sdk2.31" \
       dev.neuronmodel.framework="nxdi"

@@ -108,7 +108,7 @@ def test_the_first_model_resolves_to_what_the_page_says():
     assert (llama.spec.instance_type, llama.spec.parallelism.tensor_parallel_degree) == ("inf2.xlarge", 2)
     assert llama.spec.framework == "nxdi"
     assert f"the image `{llama.resolved.image}`" in WORDS
-    assert llama.resolved.image == f"{images.DEFAULT_REPOSITORY}:0.1.0-runtime-nxdi-sdk2.28"
+    assert llama.resolved.image == f"{images.DEFAULT_REPOSITORY}:0.1.0-runtime-nxdi-sdk2.31"
     assert llama.resolved.neuron_resources == {devices.NEURONCORE_RESOURCE: "2"}
     assert f"`{devices.NEURONCORE_RESOURCE}: 2`" in TEXT
     # inf2.xlarge: one device, two NeuronCores; TP 2 takes both (why the page says no scheduler extension is needed)

@@ -39,7 +39,8 @@ RUN_SCRIPT = f"sh {WHEELS_IN_TARGET}{SCRIPT.name}"
 #: Distributions a Neuron base brings that our install must never name, upgrade or replace.
 BASE_OWNED = {"torch", "torch-neuronx", "torch-xla", "libneuronxla", "neuronx-cc", "neuronx-distributed",
               "neuronx-distributed-inference", "transformers-neuronx", "transformers", "nki", "numpy"}
-README_HEADER = "| instance family | framework | image target | base DLC tag | Neuron SDK | Python | NxDI | TNx |"
+README_HEADER = ("| instance family | framework | image target | base DLC tag | Neuron SDK | Python | NxDI | TNx | "
+                 "AWS patches |")
 
 
 # --- a small Dockerfile parser --------------------------------------------------------------------------------
@@ -248,6 +249,8 @@ def test_each_target_is_from_the_tables_base_and_labelled_with_it(image):
     if image.sdk:
         assert image.sdk in got["org.opencontainers.image.description"]
         assert image.framework_version() in got["org.opencontainers.image.description"]
+        for family in {images.family_of(f) for f in image.families}:  # the families it serves
+            assert family in got["org.opencontainers.image.description"], f"{image.target}: {family}"
 
 
 @pytest.mark.parametrize("image", NEURON_IMAGES, ids=lambda i: i.target)
@@ -263,14 +266,26 @@ def test_neuron_bases_are_the_dlc_tags_of_their_sdk_and_python(image):
 
 
 def test_the_sdk_pins_of_the_research():
-    # NxDI dropped inf2/trn1 at SDK 2.29; the last image with NxDI is 2.31.1 (2.32 ships none); TNx is last in 2.25.
+    # NxDI stays in maintenance on inf2/trn1 at SDK 2.31, and 2.31.1 is the last image with NxDI (2.32 ships none):
+    # the default NxDI image of every family. SDK 2.28 (NKI kernels on NeuronCore-v2) is kept, a default for none.
+    # TNx is last in 2.25.
     by_target = images.BY_TARGET
     assert by_target["runtime-nxdi-sdk2.28"].sdk.startswith("2.28.")
     assert by_target["runtime-nxdi-sdk2.31"].sdk == "2.31.1"
     assert by_target["runtime-tnx-sdk2.25"].sdk.startswith("2.25.")
+    for family in ("inf2", "trn1", "trn1n", "trn2", "trn2u"):
+        assert images.image_for(family, "nxdi") is by_target["runtime-nxdi-sdk2.31"], family
+    kept = by_target["runtime-nxdi-sdk2.28"]
+    assert not kept.default and set(kept.families) == {"inf2", "trn1", "trn1n"} and "NKI" in kept.use
+    assert "driver older than 2.29" in kept.use  # its runtime (2.30) and driver 2.29 (runtime 2.33 or later)
     for image in NEURON_IMAGES:
-        if image.framework == "nxdi" and set(image.families) & {"inf2", "trn1"}:
-            assert tuple(map(int, image.sdk.split("."))) < (2, 29), image.target
+        if image.default and image.framework == "nxdi":
+            assert tuple(map(int, image.sdk.split("."))) <= (2, 31, 1), f"{image.target}: no NxDI after SDK 2.31"
+
+
+def test_a_kept_image_says_what_for_and_a_default_one_needs_no_reason():
+    for image in images.IMAGES:
+        assert bool(image.use) is not image.default, image.target
 
 
 @pytest.mark.parametrize("image", images.IMAGES, ids=lambda i: i.target)
@@ -813,18 +828,67 @@ def test_every_instance_type_prefix_is_a_family_of_the_table():
             assert images.image_for(name.split(".")[0], framework) is images.image_for(instance.family.name, framework)
 
 
-def test_torch_serves_any_node_and_no_family_has_two_images_of_one_framework():
+def test_torch_serves_any_node_and_no_family_has_two_default_images_of_one_framework():
     assert images.image_for(None, "torch").target == "runtime-cpu"
     with pytest.raises(LookupError):
         images.image_for(None, "nxdi")
     for framework in ("nxdi", "tnx"):
-        families = [f for image in images.IMAGES if image.framework == framework for f in image.families]
+        families = [f for image in images.IMAGES if image.default and image.framework == framework
+                    for f in image.families]
         assert len(families) == len(set(families)), framework
+
+
+@pytest.mark.parametrize("ref, target", [
+    ("ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-runtime-nxdi-sdk2.28", "runtime-nxdi-sdk2.28"),
+    ("mirror.example:5000/nm/rt:2.0.1-runtime-nxdi-sdk2.31@sha256:" + "0" * 64, "runtime-nxdi-sdk2.31"),
+    ("runtime:runtime-tnx-sdk2.25", "runtime-tnx-sdk2.25"),
+    (images.BY_TARGET["runtime-nxdi-sdk2.31"].base, "runtime-nxdi-sdk2.31"),  # the DLC itself
+    ("ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-runtime-cpu", "runtime-cpu"),
+    ("neuronmodel-runtime:dev", None), ("localhost:5000/runtime-nxdi-sdk2.28", None), ("mine:runtime-nxdi", None),
+])
+def test_an_image_reference_is_recognised_by_its_target(ref, target):
+    found = images.target_of(ref)
+    assert (found.target if found else None) == target
+
+
+def test_the_library_an_image_runs():
+    nxdi, tnx, cpu = (images.BY_TARGET[t] for t in ("runtime-nxdi-sdk2.31", "runtime-tnx-sdk2.25", "runtime-cpu"))
+    assert [images.runs(nxdi, f) for f in ("auto", "nxdi", "torch")] == ["nxdi", "nxdi", None]
+    assert [images.runs(tnx, f) for f in ("auto", "tnx")] == ["nxdi", "tnx"]  # auto: NxDI if the image has it
+    assert images.runs(cpu, "auto") is None
+
+
+@pytest.mark.parametrize("target, framework, family, patched", [
+    ("runtime-nxdi-sdk2.31", "auto", "inf2", True),  # NxDI 0.10: maintenance (critical and security fixes)
+    ("runtime-nxdi-sdk2.31", "nxdi", "trn1", True),
+    ("runtime-nxdi-sdk2.31", "nxdi", "trn1n", True),
+    ("runtime-nxdi-sdk2.31", "auto", "trn2", False),  # no NxDI on trn2/trn3 from SDK 2.34
+    ("runtime-nxdi-sdk2.31", "auto", "trn2u", False),
+    ("runtime-nxdi-sdk2.28", "auto", "inf2", False),  # NxDI 0.8: superseded by the maintenance line
+    ("runtime-nxdi-sdk2.28", "nxdi", "trn1", False),
+    ("runtime-tnx-sdk2.25", "tnx", "inf2", False),  # end of support 2025-09-16
+    ("runtime-tnx-sdk2.25", "auto", "trn1", False),  # its NxDI 0.5
+    ("runtime-cpu", "torch", None, None),  # no Neuron line at all
+])
+def test_whether_aws_still_patches_an_images_line(target, framework, family, patched):
+    support = images.support(images.BY_TARGET[target], framework, family)
+    assert (support.patched if support else None) is patched
+    if support is not None:
+        assert support.says and (not support.families or images.family_of(family) in support.families)
+
+
+def test_the_support_facts_of_the_research():
+    nxdi = images.BY_TARGET["runtime-nxdi-sdk2.31"]
+    assert "critical and security fixes only" in images.support(nxdi, "nxdi", "inf2").says
+    assert "SDK 2.34 (2026-11-30)" in images.support(nxdi, "nxdi", "trn2").says
+    assert "vLLM Neuron" in images.support(nxdi, "nxdi", "trn2").says
+    assert "2025-09-16" in images.support(images.BY_TARGET["runtime-tnx-sdk2.25"], "tnx", "inf2").says
+    assert release_of("nxdi", "0.10.18399").support_on("trn3").patched is False
 
 
 def test_default_image_is_repository_version_target():
     assert images.default_image("inf2", "auto", "ghcr.io/neuronmodel/neuronmodel-runtime", "0.1.0") == \
-        "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-runtime-nxdi-sdk2.28"
+        "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-runtime-nxdi-sdk2.31"
     assert images.default_image("trn2", "nxdi", "r.example/nm", "2.0.1") == "r.example/nm:2.0.1-runtime-nxdi-sdk2.31"
     assert images.default_image(None, "torch") == f"{images.DEFAULT_REPOSITORY}:{images.package_version()}-runtime-cpu"
     for image in images.IMAGES:  # a valid OCI tag: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}
@@ -851,9 +915,22 @@ def expected_rows() -> list[list[str]]:
         families = image.families or (None,)
         frameworks = [f for f in ("auto", "nxdi", "tnx", "torch")
                       if all(_serves(f, family, image) for family in families)]
-        rows.append([", ".join(image.families) if image.families else "any (CPU nodes too)", ", ".join(frameworks),
-                     image.target, image.base, image.sdk or "–", image.python, image.nxdi or "–", image.tnx or "–"])
+        chosen = ", ".join(frameworks) if image.default else f"{image.framework} (spec.image only)"
+        rows.append([", ".join(image.families) if image.families else "any (CPU nodes too)", chosen,
+                     image.target, image.base, image.sdk or "–", image.python, image.nxdi or "–", image.tnx or "–",
+                     _patched(image)])
     return rows
+
+
+def _patched(image: images.RuntimeImage) -> str:
+    """`yes`, `no`, or `yes on inf2, trn1; no on trn2`: whether AWS patches the image's line, per family."""
+    if not image.sdk:
+        return "–"
+    verdicts = {family: images.support(image, image.framework, family).patched for family in image.families}
+    if len(set(verdicts.values())) == 1:
+        return "yes" if next(iter(verdicts.values())) else "no"
+    return "; ".join(f"{word} on {', '.join(f for f, v in verdicts.items() if v is value)}"
+                     for word, value in (("yes", True), ("no", False)))
 
 
 def _serves(framework: str, family: Optional[str], image: images.RuntimeImage) -> bool:

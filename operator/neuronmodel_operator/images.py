@@ -20,9 +20,10 @@ them):
   maintenance (critical and security fixes) on inf2/trn1. The sources conflict here: NxDI's 2.29 release notes said
   NxDI models "are now only supported on Trn2 and newer hardware ... pin to release 2.28" for inf2/trn1; the
   maintenance announcement of 2.30 and its 2026-10-16 update (announce-eos-nxdi-nxd-core-inference) keep NxDI and
-  NxD Core in maintenance on inf2/trn1 at SDK 2.31, aws-neuron-sdk#1322 reads the 2.29 wording as NKI *kernels* on
-  NeuronCore-v2 (dropped for inf2/trn1 from 2.29), and the DLC README lists inf2 for the 2.29-2.31 images. The
-  default follows the later statements: the maintenance line, the only NxDI line AWS still patches.
+  NxD Core in maintenance on inf2/trn1 at SDK 2.31, as aws-neuron-sdk#1322 does, the 2.29 wording being about NKI
+  *kernels* on NeuronCore-v2 (dropped for inf2/trn1 from 2.29; neuron-2026.md §8), and the DLC README lists inf2
+  for the 2.29-2.31 images. The default follows the later statements: the maintenance line, the only NxDI line AWS
+  still patches.
 - NxDI on inf2/trn1 at SDK 2.28 (NxDI 0.8.16251): kept, not a default, for models that need NKI kernels on
   NeuronCore-v2 (2.28 is the last release with them on inf2/trn1). AWS no longer patches it, and its Neuron runtime
   (2.30) is older than Neuron driver 2.29 accepts (runtime 2.33 or later, or `nrt_init()` fails): run it only on
@@ -33,6 +34,7 @@ them):
 What AWS says about each line is in the runtime's release table (neuronmodel_runtime/releases.py: pure data, the
 one table both sides read); `support` applies it to an image.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -211,12 +211,13 @@ def scheduler_for(spec: NeuronModelSpec, instance: devices.InstanceType, lnc: in
 
 
 def _line(image: images.RuntimeImage, library: str) -> str:
-    """`image runtime-nxdi-sdk2.28 (NxDI 0.8.16251, Neuron SDK 2.28.0)`: an image line, for messages."""
+    """`the runtime-nxdi-sdk2.28 image (NxDI 0.8.16251, Neuron SDK 2.28.0)`: an image's line, for messages."""
     name = {"nxdi": "NxDI", "tnx": "transformers-neuronx"}[library]
-    return f"image {image.target} ({name} {image.framework_version(library)}, Neuron SDK {image.sdk})"
+    return f"the {image.target} image ({name} {image.framework_version(library)}, Neuron SDK {image.sdk})"
 
 
-def support_warning(spec: NeuronModelSpec, image: str, family: str, defaults: OperatorDefaults) -> Optional[SpecWarning]:
+def support_warning(spec: NeuronModelSpec, image: str, family: str,
+                    defaults: OperatorDefaults) -> Optional[SpecWarning]:
     """A warning (never a refusal) when the pods run NxDI on trn2, which AWS supports no more from SDK 2.34
     (`NxdiUnsupportedOnTrn2`), or a Neuron library line AWS no longer patches on `family` (`UnpatchedRuntime`: the
     SDK 2.28 image, TNx), with the fix.
@@ -230,26 +231,28 @@ def support_warning(spec: NeuronModelSpec, image: str, family: str, defaults: Op
         spec.framework if spec.framework in ("nxdi", "tnx") else None)
     if library is None:
         return None
-    what = _line(known, library) if known else f"the image {image} ({library})"
+    what = _line(known, library) if known else f"the image {image}"
     if library == "nxdi" and images.family_of(family) == "trn2":
         return SpecWarning(
             "NxdiUnsupportedOnTrn2",
-            f"{what} serves NxDI on trn2: {NXDI_UNSUPPORTED_ON_TRN.says}. The operator keeps serving NxDI on trn2 "
-            f"from the SDK 2.31.1 image, the last with NxDI, without fixes from AWS: move to vLLM Neuron (engine: "
-            f"vllm), the supported stack on trn2, when the operator offers it")
+            f"NxDI on trn2, from {what}: {NXDI_UNSUPPORTED_ON_TRN.says}. The operator keeps serving NxDI on trn2 "
+            "from the SDK 2.31.1 image, the last with NxDI, but AWS fixes nothing there any more: move to vLLM "
+            "Neuron (engine: vllm) when the operator offers it")
     support = images.support(known, spec.framework, family) if known else None
     if support is None or support.patched:
         return None
-    fixes = ["use framework nxdi (or auto)"] if library == "tnx" else []
     source = defaults.image_source(spec)
-    if source:
-        fixes.append(f"remove {source}" + (f" unless you need what the image is kept for ({known.use})"
-                                           if known.use else ""))
+    steps = (["use framework nxdi (or auto)"] if library == "tnx" else []) + ([f"remove {source}"] if source else [])
+    fix = " and ".join(steps or ["use an image AWS patches"])
+    fix = fix[0].upper() + fix[1:]
     default = images.image_for(family, "nxdi")
-    if images.support(default, "nxdi", family) and images.support(default, "nxdi", family).patched:
-        fixes.append(f"the default {_line(default, 'nxdi')} is patched on {images.family_of(family)}")
-    return SpecWarning("UnpatchedRuntime", f"{what} is on a line AWS no longer patches: {support.says}; "
-                       + "; ".join(fixes))
+    default_support = images.support(default, "nxdi", family)
+    if default_support is not None and default_support.patched:
+        fix += f", for {_line(default, 'nxdi')}, the default, which AWS patches on {images.family_of(family)}"
+    if known.use:
+        fix += f"; keep this image only for {known.use}"
+    return SpecWarning("UnpatchedRuntime", f"{what[0].upper()}{what[1:]} is on a line AWS no longer patches: "
+                       f"{support.says}. {fix}")
 
 
 def check_device_top_k(spec: NeuronModelSpec) -> None:

@@ -459,8 +459,8 @@ def events(previous: Mapping, current: Mapping) -> list[tuple[str, str, str]]:
     Ready "... serving at <endpoint>"); one when a condition takes a reason of CONDITION_EVENTS (Normal Compiled,
     Warning ProgressDeadlineExceeded); a Warning with the HPA's reason when Autoscaling turns False (or False with
     another reason); a Warning of its own reason (resolve.SpecWarning: ModelMayNotFit, HostMemoryShort,
-    NoNeuronScheduler) for each new warning. Nothing when nothing changed: the handler calls
-    this on every reconcile.
+    NoNeuronScheduler, UnpatchedRuntime, NxdiUnsupportedOnTrn2) for each new warning. Nothing when nothing changed:
+    the handler calls this on every reconcile.
     """
     found = []
     ready = _ready(current)

@@ -18,10 +18,7 @@ from typing import Any, Mapping, Optional
 
 from neuronmodel_runtime.config import RuntimeConfig, cache_root
 from neuronmodel_runtime.fetch import MARKER as FETCH_MARKER
-from neuronmodel_runtime.frameworks import FrameworkDetection, detect_frameworks
-
-#: Set by the operator on serving pods and compile Jobs: the instance family the artifacts are compiled for.
-INSTANCE_FAMILY_ENV = "NEURONMODEL_INSTANCE_FAMILY"
+from neuronmodel_runtime.frameworks import INSTANCE_FAMILY_ENV, FrameworkDetection, detect_frameworks
 #: The node's logical NeuronCore config (trn2), which the compiler targets.
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 #: The files whose bytes are the model's weights (and what turns them into a graph: config and tokenizer aside).

@@ -15,9 +15,12 @@ import importlib.util
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from neuronmodel_runtime.releases import RELEASES, known, release_of
+from neuronmodel_runtime.releases import RELEASES, known, release_of, support_facts
+
+#: Set by the operator on serving pods and compile Jobs: the instance family (inf2, trn1, trn2) the pod runs on.
+INSTANCE_FAMILY_ENV = "NEURONMODEL_INSTANCE_FAMILY"
 
 #: framework -> (import name, distribution name)
 PACKAGES = {
@@ -131,16 +134,18 @@ def device_access_error(device: str) -> DeviceAccessDenied:
     )
 
 
-def written_against(detection: FrameworkDetection) -> dict[str, dict[str, Any]]:
-    """Per installed Neuron framework: its version, and the SDK release line the runner was written against for it
-    (`release` None: a version the runner was not written against)."""
+def written_against(detection: FrameworkDetection, family: Optional[str] = None) -> dict[str, dict[str, Any]]:
+    """Per installed Neuron framework: its version, the SDK release line the runner was written against for it
+    (`release` None: a version the runner was not written against) and whether AWS still patches that line on
+    instance `family` (`aws_support`, releases.support_facts)."""
     out: dict[str, dict[str, Any]] = {}
     for framework in RELEASES:
         version = detection.installed.get(framework)
         if version is not None:
             release = release_of(framework, version)
             out[framework] = {"version": version, "release": release.sdk if release else None,
-                              "written_against": release is not None, "known": known(framework)}
+                              "written_against": release is not None, "known": known(framework),
+                              "aws_support": support_facts(framework, version, family)}
     return out
 
 
@@ -204,9 +209,10 @@ def _select(requested: str, detection: FrameworkDetection) -> FrameworkSelection
     )
 
 
-def report(requested: str, detection: FrameworkDetection) -> dict:
+def report(requested: str, detection: FrameworkDetection, env: Mapping[str, str] = os.environ) -> dict:
     """The JSON printed by `neuronmodel-runtime info` and served in /v1/info."""
-    out: dict = {"requested": requested, "detected": asdict(detection), "releases": written_against(detection)}
+    out: dict = {"requested": requested, "detected": asdict(detection),
+                 "releases": written_against(detection, env.get(INSTANCE_FAMILY_ENV) or None)}
     try:
         out["selected"] = asdict(select_framework(requested, detection))
     except FrameworkError as exc:

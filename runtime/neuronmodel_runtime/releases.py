@@ -99,6 +99,19 @@ def support_of(framework: str, version: Optional[str], family: Optional[str]) ->
     return release.support_on(family) if release is not None else None
 
 
+def support_facts(framework: str, version: Optional[str], family: Optional[str]) -> Optional[dict[str, object]]:
+    """For `info`, /v1/info and the start-up log: whether AWS still patches `framework` `version` on `family`
+    (None when that depends on a family not known here), and what it says (every statement of the line when the
+    family is unknown); None for a version not in this table."""
+    release = release_of(framework, version)
+    if release is None or not release.support:
+        return None
+    said = [s for s in release.support if family is None or not s.families or family in s.families]
+    verdicts = {s.patched for s in said}
+    return {"patched": verdicts.pop() if len(verdicts) == 1 else None, "aws_says": "; ".join(s.says for s in said),
+            "family": family}
+
+
 def known(framework: str) -> str:
     """The versions a runner was written against, for messages: `0.3-0.10 (SDK 2.23-2.30-2.31)`."""
     releases = RELEASES[framework]
@@ -109,4 +122,4 @@ def known(framework: str) -> str:
 
 __all__ = ["NXDI_MAINTENANCE", "NXDI_RELEASES", "NXDI_SUPERSEDED", "NXDI_UNSUPPORTED_ON_TRN", "RELEASES",
            "TNX_END_OF_SUPPORT", "TNX_RELEASES", "Release", "Support", "known", "parse_version", "release_of",
-           "support_of"]
+           "support_facts", "support_of"]

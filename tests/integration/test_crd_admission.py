@@ -40,6 +40,9 @@ INF2_TP = "on inf2 tensorParallelDegree / nodes (NeuronCores per node) must be o
 TRN1_TP = "on trn1 tensorParallelDegree / nodes (NeuronCores per node) must be one of [1, 2, 8, 16, 32]"
 TRN2_LNC2_TP = "on trn2 at logicalCoreConfig 2 tensorParallelDegree / nodes (NeuronCores per node) must be one of"
 TOO_MANY_CORES = "at most the instance type's NeuronCores"
+TOP_K = ("sampling.globalTopK must be 256 or less with sampling.onDevice true: Neuron's on-device sampler takes a "
+         "global top-k of at most 256; set sampling.globalTopK to 256 or less, or sampling.onDevice false")
+TORCH_OVERRIDES = "framework torch (the reference runner) has no NeuronConfig: remove spec.neuronConfigOverrides"
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -123,6 +126,7 @@ def test_the_api_server_applies_the_defaults(crd, namespace):
     assert spec["model"] == {"source": "hf://org/model", "dtype": "auto"}
     assert spec["neuronResource"] == "neuroncore"
     assert "autoscaling" not in spec and "instanceType" not in spec
+    assert "neuronConfigOverrides" not in spec  # no default: has() in the CEL rules means the user wrote it
     # A block given in part gets the rest of its defaults.
     assert apply(crd, namespace, _body("partial", {**CPU, "batching": {"maxSeqLen": 4096},
                                                    "model": {"source": "/m", "tokenSecretRef": {"name": "s"}}})
@@ -130,6 +134,18 @@ def test_the_api_server_applies_the_defaults(crd, namespace):
     partial = get(crd, namespace, "partial")["spec"]
     assert partial["batching"] == {"maxBatchSize": 8, "maxContextLength": 1024, "maxSeqLen": 4096}
     assert partial["model"]["tokenSecretRef"] == {"name": "s", "key": "token"}
+
+
+def test_neuron_config_overrides_come_back_as_written(crd, namespace):
+    """Any JSON values, nested ones too, kept (not pruned) and parsed by the operator as they were written."""
+    overrides = {"fused_qkv": True, "cc_pipeline_tiling_factor": 2, "context_encoding_buckets": [128, 512],
+                 "on_device_sampling_config": {"deterministic": True, "global_topk": 64}, "lora_ckpt_json": None}
+    body = _body("overrides", _merge(TRN1, {"neuronConfigOverrides": overrides}))
+    applied = apply(crd, namespace, body)
+    assert applied.returncode == 0, applied.stderr
+    stored = get(crd, namespace, "overrides")["spec"]
+    assert stored["neuronConfigOverrides"] == overrides
+    assert api.parse_spec(stored).neuron_config_overrides == overrides
 
 
 def test_kubectl_get_shows_the_columns(crd, namespace):
@@ -204,6 +220,10 @@ ACCEPTED = {
     "caches": _merge(TRN1, {"compileCache": {"url": "/var/cache/neuron", "policy": "Never"}}),
     "int-or-string": _merge(CPU, {"rollout": {"maxUnavailable": "25%", "maxSurge": 0},
                                   "resources": {"requests": {"cpu": 2, "memory": "4Gi"}}}),
+    "top-k-256-on-device": _merge(INF2, {"sampling": {"globalTopK": 256}}),
+    "top-k-1000-on-the-host": _merge(INF2, {"sampling": {"onDevice": False, "globalTopK": 1000}}),
+    "top-k-1000-torch": _merge(CPU, {"sampling": {"globalTopK": 1000}}),
+    "neuron-config-overrides": _merge(TRN1, {"neuronConfigOverrides": {f"key_{i}": i for i in range(64)}}),
 }
 
 
@@ -294,6 +314,15 @@ REJECTED = [
     ("parameters-not-a-count", _merge(INF2, {"model": {"parameters": "8 billion"}}),
      "spec.model.parameters in body should match"),
     ("dtype-int8", _merge(INF2, {"model": {"dtype": "int8"}}), 'spec.model.dtype: Unsupported value: "int8"'),
+    ("top-k-257-on-device", _merge(INF2, {"sampling": {"globalTopK": 257}}), TOP_K),
+    ("top-k-on-trn2", _merge(TRN2, {"sampling": {"globalTopK": 1000}}), TOP_K),
+    # auto without instanceType is placed on a Neuron instance (resolve.py): a Neuron runner, not the CPU one
+    ("top-k-auto-no-instance", {"model": {"source": "s3://my-bucket/llama"}, "sampling": {"globalTopK": 1000}},
+     TOP_K),
+    ("overrides-with-torch", _merge(CPU, {"neuronConfigOverrides": {"fused_qkv": True}}), TORCH_OVERRIDES),
+    ("empty-overrides-with-torch", _merge(CPU, {"neuronConfigOverrides": {}}), TORCH_OVERRIDES),  # has(): written
+    ("too-many-overrides", _merge(INF2, {"neuronConfigOverrides": {f"key_{i}": i for i in range(65)}}),
+     "spec.neuronConfigOverrides: Too many: 65: must have at most 64 items"),
 ]
 
 

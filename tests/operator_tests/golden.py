@@ -47,11 +47,13 @@ CASES: dict[str, dict[str, Any]] = {
                   "servedModelName": "llama-3.2-1b"},
         "framework": "nxdi", "instanceType": "inf2.xlarge", "parallelism": {"tensorParallelDegree": 2},
         "server": {"apiKeySecretRef": {"name": "llama-api-key", "key": "api-key"}}, "replicas": 1}),
-    # trn1 with an s3:// model and an s3:// compile cache: a compile Job; s3 through IRSA.
+    # trn1 with an s3:// model and an s3:// compile cache: a compile Job; s3 through IRSA; NeuronConfig overrides
+    # (in the RuntimeConfig of the Job and of the pods).
     "trn1-s3-cache": _body("llama-8b", {
         "model": {"source": "s3://acme-models/llama-3.1-8b-instruct", "dtype": "bfloat16"},
         "instanceType": "trn1.32xlarge", "parallelism": {"tensorParallelDegree": 8},
         "batching": {"maxBatchSize": 16, "maxContextLength": 4096, "maxSeqLen": 8192},
+        "neuronConfigOverrides": {"fused_qkv": True, "sequence_parallel_enabled": True},
         "compileCache": {"url": "s3://acme-neuron-cache/prod", "policy": "IfNotCached"},
         "serviceAccountName": "neuronmodel-s3", "replicas": 1}),
     # trn2 at logical NeuronCore config 1, autoscaled (an HPA; no replicas on the Deployment), the Neuron scheduler.

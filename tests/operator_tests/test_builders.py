@@ -91,6 +91,22 @@ def test_config_carries_the_spec():
     assert builders.runtime_config(golden.target("replicas-3"))["server"]["port"] == 9000
 
 
+def test_neuron_config_overrides_reach_the_job_and_the_pods_and_only_when_set():
+    t = golden.target("trn1-s3-cache")
+    overrides = {"fused_qkv": True, "sequence_parallel_enabled": True}
+    for for_compile in (False, True):
+        config = RuntimeConfig.model_validate(builders.runtime_config(t, for_compile))
+        assert config.neuron_config_overrides == overrides
+    nested = golden.target("inf2-hf", neuronConfigOverrides={"on_device_sampling_config": {"deterministic": True}})
+    assert builders.runtime_config(nested)["neuron_config_overrides"] == {
+        "on_device_sampling_config": {"deterministic": True}}
+    # Absent when empty: a key in every config would rename every ConfigMap, and roll every model, on an upgrade.
+    plain, empty = golden.target("inf2-hf"), golden.target("inf2-hf", neuronConfigOverrides={})
+    assert "neuron_config_overrides" not in builders.runtime_config(plain)
+    assert builders.runtime_config_json(empty) == builders.runtime_config_json(plain)
+    assert builders.runtime_configmap_name(empty) == builders.runtime_configmap_name(plain)
+
+
 def test_serving_pods_never_recompile_on_every_start():
     """Always compiles once, in the Job; the serving pods read the cache (IfNotCached); Never stays Never."""
     t = golden.target("trn2-lnc-autoscale")  # policy Always

@@ -181,7 +181,8 @@ def test_spec_is_required_with_model_required(schema):
 
 def test_status_schema_is_typed_without_preserving_unknown_fields(schema):
     status = schema["properties"]["status"]
-    assert "x-kubernetes-preserve-unknown-fields" not in str(schema)
+    preserved = [path for path, node in _walk(schema, "") if "x-kubernetes-preserve-unknown-fields" in node]
+    assert preserved == [".spec.neuronConfigOverrides"], "only the NeuronConfig overrides are free-form"
     assert {"phase", "conditions", "replicas", "readyReplicas", "ready", "selector", "endpoint", "resolved",
             "timings", "observedGeneration"} <= set(status["properties"])
     assert status["properties"]["phase"]["enum"] == ["Pending", "Compiling", "Loading", "Ready", "Degraded",
@@ -211,6 +212,43 @@ def test_enums_min_max_patterns_int_or_string(schema):
     assert spec["resources"]["properties"]["limits"]["additionalProperties"] == {"x-kubernetes-int-or-string": True}
 
 
+def test_neuron_config_overrides_are_a_bounded_free_form_object_without_a_default(schema):
+    """Any JSON values (the runtime checks the keys against the installed release); at most
+    api.MAX_NEURON_CONFIG_OVERRIDES keys, as maxProperties: the API server's CEL has no size() for an object that
+    preserves unknown fields. No default: `has(self.neuronConfigOverrides)` means the user wrote it."""
+    overrides = schema["properties"]["spec"]["properties"]["neuronConfigOverrides"]
+    assert {key: value for key, value in overrides.items() if key != "description"} == {
+        "type": "object", "maxProperties": api.MAX_NEURON_CONFIG_OVERRIDES,
+        "x-kubernetes-preserve-unknown-fields": True}
+    for words in ("merges last", "unknown key fails the pod and the compile Job", "tp_degree", "compile key",
+                  "framework torch"):
+        assert words in overrides["description"], words
+    spec = api.parse_spec({"model": {"source": "/m"}, "neuronConfigOverrides": {
+        "fused_qkv": True, "on_device_sampling_config": {"global_topk": 64}, "cc_pipeline_tiling_factor": 2}})
+    assert spec.neuron_config_overrides["on_device_sampling_config"] == {"global_topk": 64}
+    assert api.parse_spec({"model": {"source": "/m"}}).neuron_config_overrides == {}
+    with pytest.raises(api.SpecError, match="spec.neuronConfigOverrides"):
+        api.parse_spec({"model": {"source": "/m"}, "neuronConfigOverrides": {f"k{i}": i for i in range(65)}})
+
+
+def test_a_map_of_any_values_must_ask_to_preserve_unknown_fields():
+    from typing import Any
+
+    from pydantic import BaseModel, Field
+
+    class Loose(BaseModel):
+        free: dict[str, Any] = Field(default_factory=dict)
+
+    class Kept(BaseModel):
+        free: dict[str, Any] = Field(default_factory=dict,
+                                     json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+    with pytest.raises(crdgen.SchemaError, match="x-kubernetes-preserve-unknown-fields"):
+        crdgen._schema_of(Loose)
+    assert crdgen._schema_of(Kept)["properties"]["free"] == {"type": "object",
+                                                             "x-kubernetes-preserve-unknown-fields": True}
+
+
 def test_nested_defaults_are_the_pydantic_defaults(schema):
     """Blocks with all-default fields default to their fields' defaults, so the API server fills them in (a
     bare `{}` would not pass the blocks' own CEL rules); what it fills in parses to what pydantic defaults to."""
@@ -218,7 +256,7 @@ def test_nested_defaults_are_the_pydantic_defaults(schema):
     props = spec_schema["properties"]
     assert props["parallelism"]["default"] == {"tensorParallelDegree": 1, "nodes": 1}
     assert props["batching"]["default"] == {"maxBatchSize": 8, "maxContextLength": 1024, "maxSeqLen": 2048}
-    for optional in ("autoscaling", "instanceType", "replicas", "image"):
+    for optional in ("autoscaling", "instanceType", "replicas", "image", "neuronConfigOverrides"):
         assert "default" not in props[optional], optional
     assert "default" not in props["model"]["properties"]["tokenSecretRef"]
     minimal = {"model": {"source": "hf://org/name"}, "replicas": 1}
@@ -244,6 +282,27 @@ def test_cel_rules_are_attached_where_api_py_puts_them(schema):
     for path, messages in nested.items():
         for message in messages:
             assert len(message) > 30 and ("must" in message), (path, message)
+
+
+def test_the_device_top_k_rule_exempts_only_the_reference_runner(schema):
+    """framework auto is a Neuron runner whatever the instanceType (resolve places it on a Neuron instance), so only
+    torch is exempt; the message names the field and both fixes. The API server's verdicts on it:
+    tests/integration/test_crd_admission.py."""
+    rules = {r["rule"]: r["message"] for r in schema["properties"]["spec"]["x-kubernetes-validations"]}
+    rule = ("self.framework == 'torch' || !self.sampling.onDevice || "
+            f"self.sampling.globalTopK <= {api.MAX_DEVICE_TOP_K}")
+    assert api.MAX_DEVICE_TOP_K == 256
+    message = rules[rule]
+    assert message.startswith("sampling.globalTopK must be 256 or less with sampling.onDevice true")
+    assert "set sampling.globalTopK to 256 or less, or sampling.onDevice false" in message
+    overrides = rules["self.framework != 'torch' || !has(self.neuronConfigOverrides)"]
+    assert "remove spec.neuronConfigOverrides" in overrides and "framework auto, nxdi or tnx" in overrides
+
+
+def test_the_device_top_k_limit_is_the_runtimes():
+    from neuronmodel_runtime.runners.neuron_common import MAX_DEVICE_TOP_K
+
+    assert api.MAX_DEVICE_TOP_K == MAX_DEVICE_TOP_K
 
 
 @pytest.mark.parametrize(("source", "valid"), [
@@ -348,7 +407,9 @@ def test_sample_parses_and_resolves(path):
     assert "namespace" not in body["metadata"], "samples go to the namespace kubectl is given"
     spec = api.parse_spec(body["spec"])
     resolved = resolve.resolve(spec, DEFAULTS)
-    assert resolved.warnings == (), resolved.warnings  # the samples fit their instances
+    # the samples fit their instances; NxDI on trn2 is served with AWS's end of support as its one warning
+    expected = ["NxdiUnsupportedOnTrn2"] if resolved.instance_family == "trn2" else []
+    assert [w.reason for w in resolved.warnings] == expected, resolved.warnings
     source_rule = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|s3://|pvc://|/)"
     assert re.match(source_rule, spec.model.source), spec.model.source
 

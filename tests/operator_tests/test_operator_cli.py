@@ -135,8 +135,8 @@ def _image(args, **spec) -> str:
 
 
 @pytest.mark.parametrize("spec, target", [
-    ({"instanceType": "inf2.xlarge"}, "runtime-nxdi-sdk2.28"),
-    ({"instanceType": "trn1.32xlarge", "framework": "nxdi"}, "runtime-nxdi-sdk2.28"),
+    ({"instanceType": "inf2.xlarge"}, "runtime-nxdi-sdk2.31"),
+    ({"instanceType": "trn1.32xlarge", "framework": "nxdi"}, "runtime-nxdi-sdk2.31"),
     ({"instanceType": "trn2.48xlarge"}, "runtime-nxdi-sdk2.31"),
     ({"instanceType": "inf2.48xlarge", "framework": "tnx"}, "runtime-tnx-sdk2.25"),
     ({"framework": "torch"}, "runtime-cpu"),

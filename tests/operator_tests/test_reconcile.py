@@ -456,6 +456,19 @@ def test_spec_error_fails_with_one_warning_and_no_children(kube, reconcile):
     assert len(kube.events) == 1 and len(kube.status_patches) == 1
 
 
+def test_a_support_warning_never_holds_the_rollout(kube, reconcile):
+    # NxDI on trn2 (AWS supports none from SDK 2.34): served, with the warning in the status and one Warning Event
+    kube.put(body({"model": {"source": "s3://acme-models/llama"}, "framework": "nxdi", "instanceType": "trn2.3xlarge",
+                   "parallelism": {"tensorParallelDegree": 4}, "replicas": 1}))
+    assert reconcile(NS, NAME, cleanup=True) == Outcome()
+    assert "Deployment" in kube.kinds()
+    status = kube.model()["status"]
+    assert status["phase"] != "Failed"
+    (warning,) = status["warnings"]
+    assert "vLLM Neuron" in warning and "SDK 2.34" in warning
+    assert [(t, r) for t, r, _ in kube.events if t == "Warning"] == [("Warning", "NxdiUnsupportedOnTrn2")]
+
+
 def test_a_fixed_spec_recovers(kube, reconcile):
     kube.put(body(BAD))
     reconcile(NS, NAME, cleanup=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from typing import Any
 
@@ -166,6 +168,91 @@ def test_nodes_must_divide_tp():
     assert "spec.parallelism.nodes" in message
 
 
+@pytest.mark.parametrize("fields", [{"instanceType": "inf2.xlarge"}, {"framework": "tnx"}, {}],
+                         ids=["auto-inf2", "tnx", "auto-no-instance-type"])
+def test_a_global_top_k_above_the_device_limit_is_refused_on_a_neuron_runner(fields):
+    # framework auto without instanceType is placed on a Neuron instance: a Neuron runner too
+    message = refused(spec(**fields, sampling={"globalTopK": 257}))
+    assert message.startswith("spec.sampling.globalTopK: 257 is above 256")
+    assert "256 or less" in message and "spec.sampling.onDevice false" in message
+    assert resolved(spec(**fields, sampling={"globalTopK": 256})).compile_key
+    assert resolved(spec(**fields, sampling={"globalTopK": 1000, "onDevice": False})).compile_key  # host sampling
+
+
+@pytest.mark.parametrize("instance", [None, "m5.xlarge", "inf2.xlarge"])
+def test_the_reference_runner_takes_any_global_top_k(instance):
+    fields = {"instanceType": instance} if instance else {}
+    assert resolved(spec(framework="torch", sampling={"globalTopK": 1000}, **fields)).cores_per_pod == 0
+
+
+def test_neuron_config_overrides_are_refused_with_the_reference_runner():
+    message = refused(spec(framework="torch", neuronConfigOverrides={"fused_qkv": True}))
+    assert message.startswith("spec.neuronConfigOverrides: framework torch") and "nxdi" in message
+    assert resolved(spec(framework="torch", neuronConfigOverrides={})).cores_per_pod == 0  # none: nothing to refuse
+    for framework in ("auto", "nxdi", "tnx"):
+        assert resolved(spec(framework=framework, neuronConfigOverrides={"fused_qkv": True})).compile_key
+
+
+# --- support: AWS's patches of the image's line (warnings, never refusals) ------------------------------------------
+
+RELEASED = OperatorDefaults(image_version="0.1.0")
+SDK228 = "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-runtime-nxdi-sdk2.28"
+
+
+def reasons(body: dict, defaults: OperatorDefaults = RELEASED) -> list[str]:
+    return [w.reason for w in resolved(body, defaults).warnings]
+
+
+@pytest.mark.parametrize("body", [
+    spec(instanceType="inf2.xlarge"), spec(instanceType="trn1.32xlarge", parallelism={"tensorParallelDegree": 32}),
+    spec(instanceType="trn1n.32xlarge", framework="nxdi", parallelism={"tensorParallelDegree": 32}),
+    spec(framework="torch"), spec(framework="torch", instanceType="trn2.48xlarge"),
+    spec(instanceType="inf2.xlarge", image="mine.example/rt:7"),  # an image the table does not know: not judged
+    spec(instanceType="trn2.3xlarge", image="mine.example/rt:7"),  # auto on it: maybe not NxDI
+])
+def test_no_support_warning_where_aws_patches_the_line_or_nothing_is_known(body):
+    assert reasons(body) == []
+
+
+@pytest.mark.parametrize("body", [
+    spec(instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 64}),
+    spec(instanceType="trn2u.48xlarge", framework="nxdi"),
+    spec(instanceType="trn2.3xlarge", framework="nxdi", image="mine.example/rt:7"),  # NxDI, whatever the image
+])
+def test_nxdi_on_trn2_is_served_with_a_warning(body):
+    r = resolved(body, RELEASED)
+    (warning,) = r.warnings
+    assert warning.reason == "NxdiUnsupportedOnTrn2" and r.image  # served all the same
+    assert "NxDI on trn2" in warning and "SDK 2.34 (2026-11-30)" in warning
+    assert "vLLM Neuron is the supported stack there" in warning and "move to vLLM Neuron (engine: vllm)" in warning
+
+
+def test_the_sdk_2_28_image_by_spec_image_is_served_with_a_warning_and_the_fix():
+    r = resolved(spec(instanceType="inf2.xlarge", image=SDK228), RELEASED)
+    assert r.image == SDK228
+    (warning,) = r.warnings
+    assert warning.reason == "UnpatchedRuntime"
+    assert warning.startswith("The runtime-nxdi-sdk2.28 image (NxDI 0.8.16251, Neuron SDK 2.28.0) is on a line AWS "
+                              "no longer patches: ")
+    assert "Remove spec.image, for the runtime-nxdi-sdk2.31 image (NxDI 0.10.18399, Neuron SDK 2.31.1), the " \
+           "default, which AWS patches on inf2" in warning
+    assert "keep this image only for NKI kernels on NeuronCore-v2" in warning and "driver older than 2.29" in warning
+    # the same image as the operator's --runtime-image: that is what to remove
+    (warning,) = resolved(spec(instanceType="trn1.2xlarge"), OperatorDefaults(image=SDK228)).warnings
+    assert "Remove the operator's --runtime-image (chart value runtimeImage.image)" in warning and "trn1" in warning
+
+
+def test_tnx_is_served_with_its_end_of_support():
+    (warning,) = resolved(spec(instanceType="inf2.xlarge", framework="tnx"), RELEASED).warnings
+    assert warning.reason == "UnpatchedRuntime" and "end of support on 2025-09-16" in warning
+    assert "Use framework nxdi (or auto), for the runtime-nxdi-sdk2.31 image" in warning
+    # auto on the TNx image runs the NxDI it carries (0.5), which AWS does not patch either
+    tnx_image = spec(instanceType="inf2.xlarge", image="r.example/nm:1-runtime-tnx-sdk2.25")
+    (warning,) = resolved(tnx_image, RELEASED).warnings
+    assert warning.startswith("The runtime-tnx-sdk2.25 image (NxDI 0.5.9230, Neuron SDK 2.25.0)")
+    assert "Remove spec.image" in warning
+
+
 # --- compile key ---------------------------------------------------------------------------------------------
 
 BASE = spec(model={"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "revision": "abc123", "dtype": "bfloat16"},
@@ -286,12 +373,12 @@ PER_FAMILY = OperatorDefaults(image_repository="registry.example/nm", image_vers
 
 
 @pytest.mark.parametrize("body, target", [
-    (spec(instanceType="inf2.xlarge"), "runtime-nxdi-sdk2.28"),  # auto is NxDI where NxDI serves the family
+    (spec(instanceType="inf2.xlarge"), "runtime-nxdi-sdk2.31"),  # auto is NxDI where NxDI serves the family
     (spec(instanceType="inf2.48xlarge", framework="nxdi", parallelism={"tensorParallelDegree": 24}),
-     "runtime-nxdi-sdk2.28"),
-    (spec(instanceType="trn1.32xlarge", parallelism={"tensorParallelDegree": 32}), "runtime-nxdi-sdk2.28"),
-    (spec(instanceType="trn1n.32xlarge", parallelism={"tensorParallelDegree": 32}), "runtime-nxdi-sdk2.28"),
-    (spec(parallelism={"tensorParallelDegree": 2}), "runtime-nxdi-sdk2.28"),  # no instanceType: the smallest
+     "runtime-nxdi-sdk2.31"),
+    (spec(instanceType="trn1.32xlarge", parallelism={"tensorParallelDegree": 32}), "runtime-nxdi-sdk2.31"),
+    (spec(instanceType="trn1n.32xlarge", parallelism={"tensorParallelDegree": 32}), "runtime-nxdi-sdk2.31"),
+    (spec(parallelism={"tensorParallelDegree": 2}), "runtime-nxdi-sdk2.31"),  # no instanceType: the smallest
     (spec(instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 64}), "runtime-nxdi-sdk2.31"),
     (spec(instanceType="trn2u.48xlarge", framework="nxdi"), "runtime-nxdi-sdk2.31"),
     (spec(instanceType="trn2.3xlarge"), "runtime-nxdi-sdk2.31"),
@@ -320,6 +407,41 @@ def test_default_version_is_the_package_version():
     assert OperatorDefaults().image_version == "0.1.0"
     assert resolved(spec(framework="torch"), OperatorDefaults()).image == \
         "ghcr.io/neuronmodel/neuronmodel-runtime:0.1.0-runtime-cpu"
+
+
+def _key_before_overrides(body: dict, defaults: OperatorDefaults = DEFAULTS) -> str:
+    """compile_key as operators before spec.neuronConfigOverrides computed it (copied, not imported)."""
+    s, r = parse_spec(body), resolved(body, defaults)
+    inputs = {
+        "model": {"source": s.model.source, "revision": s.model.revision, "dtype": s.model.dtype},
+        "framework": s.framework, "image": r.image, "instanceFamily": r.instance_family,
+        "logicalCoreConfig": r.logical_core_config,
+        "parallelism": {"tensorParallelDegree": s.parallelism.tensor_parallel_degree, "nodes": s.parallelism.nodes},
+        "batching": s.batching.model_dump(mode="json", by_alias=True),
+        "sampling": s.sampling.model_dump(mode="json", by_alias=True),
+        "speculation": s.speculation.model_dump(mode="json", by_alias=True),
+        "shardedWeights": s.compile_cache.sharded_weights,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("body", [BASE, TRN2, spec(framework="torch"), changed(BASE, "neuronConfigOverrides", {})],
+                         ids=["inf2", "trn2", "torch", "empty-overrides"])
+def test_without_overrides_the_compile_key_is_the_one_before_the_field(body):
+    # An operator upgrade must not change the key (and recompile) of a model that sets no overrides.
+    assert key(body) == _key_before_overrides(body)
+    assert key(body, PER_FAMILY) == _key_before_overrides(body, PER_FAMILY)
+
+
+def test_neuron_config_overrides_are_in_the_compile_key():
+    fused = changed(BASE, "neuronConfigOverrides", {"fused_qkv": True})
+    assert key(fused) != key(BASE)
+    assert key(changed(BASE, "neuronConfigOverrides", {"fused_qkv": False})) != key(fused)
+    assert key(changed(BASE, "neuronConfigOverrides", {"fused_qkv": True, "mlp_kernel_enabled": True})) != key(fused)
+    nested = {"a": 1, "quantization_config": {"dtype": "f8e4m3", "modules": ["mlp"]}}
+    reordered = {"quantization_config": {"modules": ["mlp"], "dtype": "f8e4m3"}, "a": 1}
+    assert key(changed(BASE, "neuronConfigOverrides", nested)) == key(changed(BASE, "neuronConfigOverrides",
+                                                                                reordered))
 
 
 def test_compile_key_changes_with_the_image_chosen():

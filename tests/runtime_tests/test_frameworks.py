@@ -107,11 +107,24 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
 
 
 def test_report_says_whether_each_installed_release_is_one_the_runners_were_written_against():
-    releases = report("auto", host(nxdi="0.9.17334", tnx="0.14.1"))["releases"]
+    releases = report("auto", host(nxdi="0.9.17334", tnx="0.14.1"), env={})["releases"]
     assert releases["nxdi"] == {"version": "0.9.17334", "release": "2.29", "written_against": True,
-                                "known": "0.3-0.10 (SDK 2.23-2.31)"}
+                                "known": "0.3-0.10 (SDK 2.23-2.31)", "aws_support": {
+                                    "patched": False, "family": None,
+                                    "aws_says": "AWS patches no NxDI line before 0.10 (SDK 2.31, the maintenance "
+                                                "line) and no new NxDI release is planned"}}
     assert releases["tnx"]["written_against"] is False and releases["tnx"]["release"] is None
+    assert releases["tnx"]["aws_support"] is None  # not a line of the table
     assert "torch" not in releases
+
+
+def test_report_says_whether_aws_patches_the_line_on_this_pods_family():
+    maintained = host(nxdi="0.10.18399")
+    on = {family: report("auto", maintained, env={"NEURONMODEL_INSTANCE_FAMILY": family})["releases"]["nxdi"]
+          for family in ("inf2", "trn2")}
+    assert on["inf2"]["aws_support"]["patched"] is True and "maintenance" in on["inf2"]["aws_support"]["aws_says"]
+    assert on["trn2"]["aws_support"]["patched"] is False and "2.34" in on["trn2"]["aws_support"]["aws_says"]
+    assert report("auto", maintained, env={})["releases"]["nxdi"]["aws_support"]["patched"] is None  # depends
 
 
 def test_the_neuron_runtime_version_is_read_from_the_dpkg_status_file(tmp_path):

@@ -374,3 +374,17 @@ def test_a_keyword_of_a_later_release_is_unknown_to_an_earlier_one(nxdi):
         loaded(config(neuron_config_overrides={"disable_argmax_kernel": True}))  # 0.8 (cd3abf3)
     nxdi("0.9.17334")
     assert loaded(config(neuron_config_overrides={"disable_argmax_kernel": True}))
+
+
+@pytest.mark.parametrize("version, family, patched", [("0.10.17970", "inf2", True), ("0.10.17970", "trn2", False),
+                                                      ("0.10.17970", None, None), ("0.8.16251", "inf2", False)])
+def test_info_says_whether_aws_still_patches_the_line(nxdi, monkeypatch, caplog, version, family, patched):
+    nxdi(version)
+    if family:
+        monkeypatch.setenv("NEURONMODEL_INSTANCE_FAMILY", family)
+    with caplog.at_level(logging.WARNING, logger="neuronmodel_runtime"):
+        support = loaded(config()).info()["aws_support"]
+    assert support["patched"] is patched and support["family"] == family
+    assert ("vLLM Neuron" in support["aws_says"]) is (family != "inf2" and version.startswith("0.10"))
+    warned = [r.getMessage() for r in caplog.records if "no longer patches" in r.getMessage()]
+    assert bool(warned) is (patched is False)

@@ -46,10 +46,15 @@ def compiles(target: Target) -> bool:
 
 def runtime_config(target: Target, for_compile: bool = False) -> dict[str, Any]:
     """The RuntimeConfig document (a dict) of the serving pods, or of the compile Job (`for_compile`: the spec's
-    own cache policy)."""
+    own cache policy).
+
+    `neuron_config_overrides` is written only when the spec has some: the ConfigMap is named by its content, so a key
+    written for every model would rename every ConfigMap, and roll every model's pods, on the operator's upgrade.
+    """
     spec = target.spec
     draft = sources.draft_mount(spec)
     cache = sources.compile_cache_mount(spec)
+    overrides = {"neuron_config_overrides": dict(spec.neuron_config_overrides)} if spec.neuron_config_overrides else {}
     return {
         "model": sources.model_mount(spec).path,
         "framework": spec.framework,
@@ -74,6 +79,7 @@ def runtime_config(target: Target, for_compile: bool = False) -> dict[str, Any]:
         "server": {"host": "0.0.0.0", "port": spec.server.port,
                    "served_model_name": spec.model.served_model_name or target.name,
                    "drain_timeout_s": DRAIN_TIMEOUT_S},
+        **overrides,
     }
 
 

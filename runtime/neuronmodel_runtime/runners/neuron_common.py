@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import os
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Optional, Sequence
 
 from neuronmodel_runtime.config import RuntimeConfig, named
-from neuronmodel_runtime.frameworks import NEURON_INSTALL_HINT
-from neuronmodel_runtime.releases import known, release_of
+from neuronmodel_runtime.frameworks import INSTANCE_FAMILY_ENV, NEURON_INSTALL_HINT
+from neuronmodel_runtime.releases import known, release_of, support_facts
 from neuronmodel_runtime.runners.base import RunnerError
 from neuronmodel_runtime.sampling.params import SamplingCapabilities
 
@@ -80,6 +81,12 @@ def release_warning(framework: str, version: str) -> str | None:
             "it may work, but only those were checked against the library's source")
 
 
+def aws_support(framework: str, version: str, env: Mapping[str, str] = os.environ) -> Optional[dict[str, Any]]:
+    """Whether AWS still patches this release line on this pod's instance family (the operator sets
+    $NEURONMODEL_INSTANCE_FAMILY), for runner.info(); None for a version the runner was not written against."""
+    return support_facts(framework, version, env.get(INSTANCE_FAMILY_ENV) or None)
+
+
 def read_model_config(path: Path, what: str) -> dict[str, Any]:
     """A model folder's config.json as a dict; `what` names the setting in the error ("model")."""
     try:
@@ -117,4 +124,4 @@ def sampling_capabilities(framework: str, on_device: bool, global_top_k: int,
     )
 
 
-__all__ = ["MAX_DEVICE_TOP_K", "check_device_top_k", "first_tokens", "import_library", "refuse_managed_overrides", "read_model_config", "release_warning", "sampling_capabilities"]
+__all__ = ["MAX_DEVICE_TOP_K", "aws_support", "check_device_top_k", "first_tokens", "import_library", "refuse_managed_overrides", "read_model_config", "release_warning", "sampling_capabilities"]

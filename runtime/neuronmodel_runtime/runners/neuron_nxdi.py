@@ -68,6 +68,7 @@ from neuronmodel_runtime.runners.base import (
 )
 from neuronmodel_runtime.runners.compiled_artifacts import Artifacts, prepare_artifacts
 from neuronmodel_runtime.runners.neuron_common import (
+    aws_support,
     check_device_top_k,
     first_tokens,
     import_library,
@@ -392,6 +393,9 @@ class NxdiRunner(ModelRunner):
         warning = release_warning("nxdi", version)
         if warning:
             log.warning(warning)
+        support = aws_support("nxdi", version)
+        if support and support["patched"] is False:
+            log.warning("NxDI %s is on a line AWS no longer patches here: %s", version, support["aws_says"])
         from neuronx_distributed_inference.models import config as nxdi_config
         from neuronx_distributed_inference.utils.constants import MODEL_TYPES
         from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
@@ -552,7 +556,8 @@ class NxdiRunner(ModelRunner):
         if self.library is not None:
             known_release = release_of("nxdi", self.library.version)
             facts.update(nxdi=self.library.version, sdk=known_release.sdk if known_release else None,
-                         written_against=known_release is not None)
+                         written_against=known_release is not None,
+                         aws_support=aws_support("nxdi", self.library.version))
         if self.model is not None:
             nc = self.model.config.neuron_config
             facts.update(model_class=type(self.model).__name__, tp_degree=nc.tp_degree,

@@ -87,6 +87,7 @@ from neuronmodel_runtime.runners.base import (
 )
 from neuronmodel_runtime.runners.compiled_artifacts import Artifacts, prepare_artifacts
 from neuronmodel_runtime.runners.neuron_common import (
+    aws_support,
     check_device_top_k,
     first_tokens,
     import_library,
@@ -493,7 +494,8 @@ class TnxRunner(ModelRunner):
         if self.version is not None:
             known_release = release_of("tnx", self.version)
             facts.update(tnx=self.version, sdk=known_release.sdk if known_release else None,
-                         written_against=known_release is not None, end_of_support=END_OF_SUPPORT)
+                         written_against=known_release is not None, end_of_support=END_OF_SUPPORT,
+                         aws_support=aws_support("tnx", self.version))
         if self.model is not None:
             facts.update(model_class=type(self.model).__name__,
                          tp_degree=self.config.parallelism.tensor_parallel_degree, amp=AMP[self.config.dtype],
