@@ -221,7 +221,8 @@ def test_an_old_pod_restarted_mid_rollout_reads_its_own_config(api, wait_until):
     old, new = (api.core.read_namespaced_config_map(name, api.ns) for name in (old_config, new_config))
     assert old.immutable and new.immutable
     assert '"max_num_seqs": 2' in old.data["config.json"] and '"max_num_seqs": 4' in new.data["config.json"]
-    assert api.get("rolling")["status"]["readyReplicas"] == 2  # never below the serving count
+    # the killed pod's replacement (old config) serves again: back to the serving count once it is ready
+    wait_until("2 ready again", lambda: ready_count(api, "rolling") == 2, 60)
 
 
 def fetched_revisions(pod_spec) -> list[str]:
