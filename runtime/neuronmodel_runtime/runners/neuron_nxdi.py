@@ -235,8 +235,7 @@ FALLBACK_CLASSES = {
 }
 
 
-def model_class(model_types: dict[str, dict[str, Any]], model_type: str, version: str,
-                import_module: Callable[[str], Any] = importlib.import_module) -> Any:
+def model_class(model_types: dict[str, dict[str, Any]], model_type: str, version: str) -> Any:
     """NxDI's causal-LM class for a checkpoint's model_type: from NxDI's own registry (`utils/constants.py`
     MODEL_TYPES), else FALLBACK_CLASSES where the release has the class; multimodal types are refused."""
     if model_type in NOT_TEXT_ONLY:
@@ -248,7 +247,7 @@ def model_class(model_types: dict[str, dict[str, Any]], model_type: str, version
     module, name, how, why_not = FALLBACK_CLASSES.get(model_type, ("", "", "", ""))
     if module:
         try:
-            cls = getattr(import_module(module), name)
+            cls = getattr(importlib.import_module(module), name)
         except ImportError:
             cls = None
         if cls is not None:
