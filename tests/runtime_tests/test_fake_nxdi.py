@@ -507,6 +507,14 @@ def test_image_to_text_classes_reject_a_text_only_config(nxdi, model_type):
         cls.get_config_cls()(nc, nc, load_config=load_pretrained_config(str(TARGET)))
 
 
+def test_mllama_needs_a_vision_config(nxdi):
+    nxdi(V08)
+    cls = mod("utils.constants").MODEL_TYPES["mllama"]["causal-lm"]
+    nc = cls.get_neuron_config_cls()(batch_size=1, seq_len=32)
+    with pytest.raises(AssertionError, match="Config must define .*text_config"):
+        cls.get_config_cls()(nc, load_config=mod("utils.hf_adapter").load_pretrained_config(str(TARGET)))
+
+
 @pytest.mark.parametrize("version,swapped", [(V03, True), (V06, True), (V09, False)])
 def test_a_fused_instance_swaps_the_class_decoder_up_to_0_6(nxdi, tmp_path, version, swapped):
     """Up to 0.6 a fused-speculation instance sets NeuronFusedSpecModel on its class: a later FusedSpecNeuronConfig

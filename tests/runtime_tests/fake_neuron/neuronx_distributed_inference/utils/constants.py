@@ -8,6 +8,7 @@ ImageToTextInferenceConfig, which a text-only config cannot build (models/image_
 from __future__ import annotations
 
 from neuronx_distributed_inference._release import at_least
+from neuronx_distributed_inference.models.config import InferenceConfig
 from neuronx_distributed_inference.models.image_to_text_model_base import ImageToTextInferenceConfig
 from neuronx_distributed_inference.models.llama.modeling_llama import LlamaInferenceConfig, NeuronLlamaForCausalLM
 from neuronx_distributed_inference.models.model_base import NeuronBaseForCausalLM
@@ -25,6 +26,14 @@ def _unbacked(name: str, config_cls: type = LlamaInferenceConfig) -> type:
                                                  "__module__": __name__})
 
 
+class MllamaInferenceConfig(InferenceConfig):
+    """models/mllama/modeling_mllama.py: its required attributes are text_config.* and vision_config.* (hidden_size,
+    image_size, ...), which a text-only checkpoint's config does not have."""
+
+    def get_required_attributes(self):
+        return ["text_config", "vision_config"]
+
+
 def _image_to_text(name: str) -> type:
     """An image-to-text class (NeuronBaseForImageToText in the real): its config class is ImageToTextInferenceConfig."""
     return _unbacked(name, type(f"{name.removeprefix('Neuron').removesuffix('ForCausalLM')}InferenceConfig",
@@ -34,7 +43,7 @@ def _image_to_text(name: str) -> type:
 
 
 def _model_types() -> dict:
-    causal = {"llama": NeuronLlamaForCausalLM, "mllama": _unbacked("NeuronMllamaForCausalLM"),
+    causal = {"llama": NeuronLlamaForCausalLM, "mllama": _unbacked("NeuronMllamaForCausalLM", MllamaInferenceConfig),
               "mixtral": _unbacked("NeuronMixtralForCausalLM"), "dbrx": _unbacked("NeuronDbrxForCausalLM")}
     if at_least((0, 5)):
         from neuronx_distributed_inference.models.qwen2.modeling_qwen2 import NeuronQwen2ForCausalLM
