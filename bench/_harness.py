@@ -37,6 +37,26 @@ def p50(values: list[float]) -> float:
     return statistics.median(values)
 
 
+#: The base URL of each running `runtime_server` -> its process id.
+SERVERS: dict[str, int] = {}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    """The server's `neuronmodel:*` counters (engine steps, runner seconds, prefill and decode calls), by name."""
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("neuronmodel:") and "_total{" in line:
+            name, value = line.split("_total{", 1)[0].removeprefix("neuronmodel:"), line.rsplit(" ", 1)[1]
+            out[name] = float(value)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -44,19 +64,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def runtime_server(config: dict, ready_timeout: float = 300.0, env: Optional[dict] = None) -> Iterator[str]:
-    """Run `neuronmodel-runtime serve` with this RuntimeConfig (and these extra environment variables) in a
-    subprocess; yield its base URL once /ready answers 200."""
+def runtime_server(config: dict, ready_timeout: float = 300.0, env: Optional[dict] = None,
+                   script: Optional[Path] = None) -> Iterator[str]:
+    """Run `neuronmodel-runtime serve` (or `script CONFIG`) with this RuntimeConfig (and these extra environment
+    variables) in a subprocess; yield its base URL once /ready answers 200. `SERVERS[url]` is its process id."""
     port = free_port()
     config = {**config, "server": {**config.get("server", {}), "port": port, "host": "127.0.0.1"}}
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"neuronmodel-bench-{port}.json"
     path.write_text(json.dumps(config))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(path), "--log-level", "WARNING"],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
+    command = [sys.executable, str(script), str(path)] if script else [
+        sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(path), "--log-level", "WARNING"]
+    proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
+    SERVERS[url] = proc.pid
     try:
         deadline = time.monotonic() + ready_timeout
         while True:
@@ -70,6 +90,7 @@ def runtime_server(config: dict, ready_timeout: float = 300.0, env: Optional[dic
             time.sleep(0.2)
         yield url
     finally:
+        SERVERS.pop(url, None)
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(30)

@@ -2,7 +2,15 @@
 
 Figures (one JSON line each):
   server_over_runner           server tokens/s with B concurrent streaming clients / the runner's own tokens/s
-                               on the same work (B prompts prefilled, then decoded to N tokens each)
+                               on the same work (B prompts prefilled, then decoded to N tokens each), at the served
+                               shape (the default max_model_len and max_context_length), for the eager runner and
+                               the compiled one (`compile: true`; `server_over_runner_compiled`); each line also
+                               gives end-to-end tokens/s at 1, 4 and B concurrent clients, TTFT p50/p99 at B, and the
+                               step breakdown of a B-client run (engine steps, runner vs host seconds, seconds
+                               outside any step, prefill calls and rows, decode calls and their mean batch)
+  host_ms_per_step_b64         server CPU milliseconds per engine step with 64 concurrent streaming clients, around an
+                               instant runner (bench/instant_server.py: the contract, tokens at once): what the host
+                               costs per step at Neuron speed; tokens/s the host sustains beside it
   batching_over_hf_sequential  transformers.generate one request at a time / the server with 16 concurrent requests
                                (wall time for the same 16 requests)
   ttft_overhead_ms_p50         server time-to-first-token minus the runner's own prefill time, medians, idle server,
@@ -11,6 +19,9 @@ Figures (one JSON line each):
   penalised_row_step_cost      decode step time with one row (of the batch) carrying penalties and logit_bias / none
   ods_over_host_sampling       decode step time with full logits returned and sampled on the host / with on-device
                                sampling, batch 16
+
+The compiled runner keeps its artifacts in the machine cache ($NEURONMODEL_CACHE/compiled): the first run compiles
+(minutes), later runs load them.
 
 Usage: .venv/bin/python bench/serving.py [--model PATH] [--batch 16] [--tokens 64] [--repeats 3] [--device cpu]
 """
@@ -21,10 +32,22 @@ import argparse
 import asyncio
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import torch
-from _harness import TINY_TARGET, figure, p50, runtime_server, stream_completion, sync
+from _harness import (
+    ROOT,
+    SERVERS,
+    TINY_TARGET,
+    cpu_seconds,
+    engine_counters,
+    figure,
+    p50,
+    runtime_server,
+    stream_completion,
+    sync,
+)
 
 from neuronmodel_runtime.config import RuntimeConfig, default_model_path
 from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids, load_tokenizer
@@ -47,12 +70,24 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
 DEVICE = "cpu"  # --device: where the runners (and the server's) run; cuda:N when a GPU is lent
 
 
-def make_runner(model: str, batch: int, on_device: bool = True) -> TorchReferenceRunner:
-    config = RuntimeConfig(model=model, max_num_seqs=batch, max_model_len=512, max_context_length=256,
-                           sampling={"on_device": on_device}, device=DEVICE)
+def make_runner(model: str, batch: int, on_device: bool = True, **fields) -> TorchReferenceRunner:
+    """A loaded runner: max_model_len 512 and max_context_length 256 unless `fields` say otherwise (the served
+    shape: `served_fields`)."""
+    shape = fields or {"max_model_len": 512, "max_context_length": 256}
+    config = RuntimeConfig(model=model, max_num_seqs=batch, sampling={"on_device": on_device}, device=DEVICE,
+                           **shape)
     runner = TorchReferenceRunner(config, model)
     runner.load()
     return runner
+
+
+def served_fields(model: str, compiled: bool) -> dict:
+    """What `neuronmodel-runtime serve` serves by default: the default lengths fitted to the model."""
+    from neuronmodel_runtime.config import read_model_config, resolve_model_limits
+
+    config = resolve_model_limits(RuntimeConfig(model=model), read_model_config(Path(model)))
+    return {"max_model_len": config.max_model_len, "max_context_length": config.max_context_length,
+            "compile": compiled}
 
 
 def runner_generate(runner: TorchReferenceRunner, batch_prompts: list[list[int]], tokens: int) -> float:
@@ -118,14 +153,83 @@ def hf_sequential(model: str, batch_prompts: list[list[int]], tokens: int) -> fl
     return time.perf_counter() - started
 
 
-async def server_concurrent(url: str, name: str, batch_prompts: list[list[int]], tokens: int) -> tuple[float, int]:
+async def server_concurrent(url: str, name: str, batch_prompts: list[list[int]], tokens: int
+                            ) -> tuple[float, int, list[float]]:
+    """All prompts at once, streamed: (seconds, completion tokens, each request's time to first token)."""
     body = {"model": name, "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)) as client:
         started = time.perf_counter()
         results = await asyncio.gather(
             *(stream_completion(client, url, {**body, "prompt": ids}) for ids in batch_prompts)
         )
-        return time.perf_counter() - started, sum(r[2] for r in results)
+        return time.perf_counter() - started, sum(r[2] for r in results), [r[1] or 0.0 for r in results]
+
+
+def step_breakdown(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
+    """Where a run's wall time went, from the server's engine counters before and after it."""
+    d = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    steps, step_s, runner_s = d["engine_steps"], d["engine_step_seconds"], d["runner_seconds"]
+    return {"steps": int(steps), "runner_s": round(runner_s, 3), "host_in_steps_s": round(step_s - runner_s, 3),
+            "outside_steps_s": round(wall - step_s, 3), "host_ms_per_step": round((step_s - runner_s) / steps * 1e3, 3),
+            "prefill_calls": int(d["prefill_calls"]), "prefill_rows": int(d["prefill_rows"]),
+            "decode_calls": int(d["decode_calls"]),
+            "mean_decode_batch": round(d["decode_rows"] / max(d["decode_calls"], 1), 2)}
+
+
+def end_to_end(model: str, compiled: bool, work: list[list[int]], tokens: int, repeats: int) -> None:
+    """`server_over_runner[_compiled]` at the served shape, with tokens/s at 1, 4 and B clients, TTFT and the step
+    breakdown of a B-client run."""
+    batch, name = len(work), Path(model).name
+    fields = served_fields(model, compiled)
+    with runtime_server({"model": model, "max_num_seqs": batch, "device": DEVICE, **fields},
+                        ready_timeout=3600) as url:
+        runner = make_runner(model, batch, **fields)  # the server compiled (or loaded) the artifacts: it loads them
+        runner_generate(runner, work[:2], 4)  # warm-up
+        asyncio.run(server_concurrent(url, name, work[:2], 4))
+        raw, served, ttfts, breakdowns = [], [], [], []
+        by_clients: dict[int, list[float]] = {1: [], 4: []}
+        for _ in range(repeats):  # alternated, so that drift in machine speed hits both sides alike
+            raw.append(runner_generate(runner, work, tokens))
+            before = engine_counters(url)
+            wall, done, ttft = asyncio.run(server_concurrent(url, name, work, tokens))
+            breakdowns.append(step_breakdown(before, engine_counters(url), wall))
+            served.append(done / wall)
+            ttfts += ttft
+            for clients in by_clients:
+                wall, done, _ = asyncio.run(server_concurrent(url, name, work[:clients], tokens))
+                by_clients[clients].append(done / wall)
+        del runner
+    raw_tps, server_tps = batch * tokens / p50(raw), p50(served)
+    ttfts.sort()
+    figure("server_over_runner_compiled" if compiled else "server_over_runner", server_tps / raw_tps,
+           ">= 0.9" if compiled else ">= 0.95", runner="compiled" if compiled else "eager",
+           max_model_len=fields["max_model_len"], runner_tok_s=round(raw_tps, 1), server_tok_s=round(server_tps, 1),
+           **{f"server_tok_s_{n}": round(p50(v), 1) for n, v in by_clients.items()},
+           ttft_p50_s=round(p50(ttfts), 3), ttft_p99_s=round(ttfts[int(0.99 * (len(ttfts) - 1))], 3), batch=batch,
+           breakdown=breakdowns[len(breakdowns) // 2])
+
+
+def host_overhead(model: str, clients: int = 64, tokens: int = 256) -> None:
+    """`host_ms_per_step_b64`: the server's CPU per engine step around an instant runner, `clients` streaming."""
+    work = prompts(load_tokenizer(model), clients)
+    config = {"model": model, "max_num_seqs": clients, "max_model_len": 512, "max_context_length": 256}
+    with runtime_server(config, script=ROOT / "bench" / "instant_server.py") as url:
+        asyncio.run(server_concurrent(url, Path(model).name, work[:4], 4))  # warm-up
+        pid = SERVERS[url]
+        runs = []
+        for _ in range(5):
+            before, cpu = engine_counters(url), cpu_seconds(pid)
+            wall, done, _ = asyncio.run(server_concurrent(url, Path(model).name, work, tokens))
+            after = engine_counters(url)
+            steps, rows = (after[name] - before[name] for name in ("engine_steps", "decode_rows"))
+            cpu_s = cpu_seconds(pid) - cpu
+            runs.append((cpu_s / done * clients * 1e3, cpu_s / steps * 1e3, rows / steps, done / wall, steps))
+    b64_ms, step_ms, batch, tok_s, steps = sorted(runs)[len(runs) // 2]
+    # Clients connect over a few steps, so steps average fewer than 64 rows: the CPU per token, times 64, is a
+    # 64-row step's (requests' own HTTP costs included)
+    figure("host_ms_per_step_b64", b64_ms, "<= 1", clients=clients, steps=int(steps), mean_batch=round(batch, 1),
+           cpu_ms_per_step=round(step_ms, 3), host_tok_s=round(tok_s, 1),
+           note="server process CPU per token x 64; the clients run on the same cores")
 
 
 async def server_ttfts(url: str, name: str, batch_prompts: list[list[int]]) -> list[float]:
@@ -156,50 +260,48 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="runs of the raw and server measurements (median)")
     parser.add_argument("--device", default="cpu", help="torch device of the runners and the server: cpu, cuda")
+    parser.add_argument("--only", choices=["end_to_end", "host", "rest"], help="one group of figures")
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
     tokenizer = load_tokenizer(args.model)
     work = prompts(tokenizer, args.batch)
-    name = args.model.rstrip("/").split("/")[-1]
+    if args.only in (None, "end_to_end"):
+        for compiled in (False, True):
+            end_to_end(args.model, compiled, work, args.tokens, args.repeats)
+    if args.only in (None, "host"):
+        host_overhead(args.model)
+    if args.only in (None, "rest"):
+        rest(args.model, work, args.tokens, args.repeats)
 
-    config = {"model": args.model, "max_num_seqs": args.batch, "max_model_len": 512, "max_context_length": 256,
+
+def rest(model: str, work: list[list[int]], tokens: int, repeats: int) -> None:
+    """The figures measured at max_model_len 512: batching over transformers, TTFT overhead, sampling costs."""
+    batch, name = len(work), Path(model).name
+    config = {"model": model, "max_num_seqs": batch, "max_model_len": 512, "max_context_length": 256,
               "device": DEVICE}
     with runtime_server(config) as url:
-        runner = make_runner(args.model, args.batch)
-        runner_generate(runner, work[:2], 4)  # warm-up
-        asyncio.run(server_concurrent(url, name, work[:2], 4))
-        raw_runs, server_runs, client_cpu = [], [], []
-        for _ in range(args.repeats):  # alternated, so that drift in machine speed hits both sides alike
-            raw_runs.append(runner_generate(runner, work, args.tokens))
-            cpu = time.process_time()
-            server_runs.append(asyncio.run(server_concurrent(url, name, work, args.tokens)))
-            client_cpu.append(time.process_time() - cpu)
+        server_runs = [asyncio.run(server_concurrent(url, name, work, tokens))[0] for _ in range(repeats)]
+        runner = make_runner(model, batch)
         ods_step = decode_step_time(runner, work, 32)
         penalty_steps = [(decode_step_time(runner, work, 32), decode_step_time(runner, work, 32, penalised=1))
-                         for _ in range(args.repeats)]  # alternated, like the runs above
+                         for _ in range(repeats)]  # alternated
         del runner
-    raw_tps = args.batch * args.tokens / p50(raw_runs)
-    server_s, server_tokens = sorted(server_runs)[len(server_runs) // 2]  # the median run
-    server_tps = server_tokens / server_s
-    host_runner = make_runner(args.model, args.batch, on_device=False)
+    server_s = p50(server_runs)
+    host_runner = make_runner(model, batch, on_device=False)
     host_step = decode_step_time(host_runner, work, 32)
     del host_runner
-    hf_s = hf_sequential(args.model, work, args.tokens)
+    hf_s = hf_sequential(model, work, tokens)
     server_ttft, runner_prefill = ttft_overhead()
-
-    figure("server_over_runner", server_tps / raw_tps, ">= 0.95", server_tok_s=round(server_tps, 1),
-           runner_tok_s=round(raw_tps, 1), batch=args.batch,
-           client_cpu_share=round(p50(client_cpu) / server_s, 3))  # the clients run on the server's cores
     figure("batching_over_hf_sequential", hf_s / server_s, ">= 5", hf_sequential_s=round(hf_s, 2),
-           server_s=round(server_s, 2), requests=args.batch)
+           server_s=round(server_s, 2), requests=batch)
     figure("ttft_overhead_ms_p50", (server_ttft - runner_prefill) * 1000, "<= 5", model="tiny target",
            server_ttft_ms_p50=round(server_ttft * 1000, 2), runner_prefill_ms_p50=round(runner_prefill * 1000, 2))
     figure("ods_over_host_sampling", host_step / ods_step, ">= 1", ods_step_ms=round(ods_step * 1000, 2),
-           host_step_ms=round(host_step * 1000, 2), batch=args.batch)
+           host_step_ms=round(host_step * 1000, 2), batch=batch)
     plain_step, penalised_step = p50([a for a, _ in penalty_steps]), p50([b for _, b in penalty_steps])
     figure("penalised_row_step_cost", penalised_step / plain_step, "<= 1.1", plain_step_ms=round(plain_step * 1000, 2),
-           penalised_step_ms=round(penalised_step * 1000, 2), batch=args.batch, penalised_rows=1)
+           penalised_step_ms=round(penalised_step * 1000, 2), batch=batch, penalised_rows=1)
 
 
 if __name__ == "__main__":

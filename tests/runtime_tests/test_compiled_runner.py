@@ -23,8 +23,11 @@ torch = pytest.importorskip("torch")
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError, ScoreBatch  # noqa: E402
 from neuronmodel_runtime.runners.compiled_graphs import (  # noqa: E402
     COMPILED_STANCE,
+    cache_length,
     compile_counters,
     context_buckets,
+    generation_buckets,
+    graph_shapes,
 )
 from neuronmodel_runtime.sampling.params import GREEDY, SamplingParams  # noqa: E402
 from runner_helpers import make_runner  # noqa: E402
@@ -123,7 +126,7 @@ def compiled_and_eager(request, tiny_checkpoint):
 @slow
 def test_compiled_runner_serves_what_eager_serves(compiled_and_eager):
     compiled, eager = compiled_and_eager
-    assert compiled.info()["graphs"] == {"decode": [4, 1], "prefill_32": [1, 32]}
+    assert compiled.info()["graphs"] == {"decode_64": [4, 1], "prefill_32": [1, 32]}
     before = compile_counters()
     tokens, logits = schedule(compiled)
     assert compile_counters()["graphs"] == before["graphs"], "serving after warm-up compiled a graph"
@@ -136,15 +139,16 @@ def test_compiled_runner_serves_what_eager_serves(compiled_and_eager):
 
 @slow
 def test_prefill_buckets_and_bucket_choice(tiny_checkpoint):
-    """Two buckets (128, 256): prompts of 1, 128, 129 and 256 tokens each land in the smallest that holds them."""
+    """Buckets 32 .. 256: prompts of 1, 32, 33, 128, 129 and 256 tokens each land in the smallest that holds them."""
     folder = tiny_checkpoint("llama")
     fields = dict(max_num_seqs=2, max_model_len=256, max_context_length=256)
     compiled, eager = make_runner(folder, compile=True, **fields), make_runner(folder, **fields)
-    assert set(compiled.info()["graphs"]) == {"decode", "prefill_128", "prefill_256"}
-    assert [compiled.graphs.bucket(n) for n in (1, 128, 129, 256)] == [128, 128, 256, 256]
+    assert set(compiled.info()["graphs"]) == {"decode_128", "decode_256", "prefill_32", "prefill_64", "prefill_128",
+                                              "prefill_256"}
+    assert [compiled.graphs.bucket(n) for n in (1, 32, 33, 128, 129, 256)] == [32, 32, 64, 128, 256, 256]
     with pytest.raises(ValueError, match="max_context_length"):
         compiled.graphs.bucket(257)
-    for n in (1, 128, 129, 256):
+    for n in (1, 33, 128, 129, 256):
         prompt = [(5 * i + n) % 95 + 1 for i in range(n)]
         got = Recorder(compiled)
         want = Recorder(eager)
@@ -152,12 +156,56 @@ def test_prefill_buckets_and_bucket_choice(tiny_checkpoint):
         assert float((got.logits[0] - want.logits[0]).abs().max()) < ATOL
 
 
+def test_generation_buckets_are_nxdis_token_generation_buckets():
+    """NxDI's token_generation_buckets (generate_buckets(128, max_length)) over the KV line; verify rows count
+    their k scratch positions."""
+    assert generation_buckets(2048) == [128, 256, 512, 1024, 2048]
+    assert generation_buckets(64) == [64]
+    shapes = graph_shapes(16, 1024, cache_length(2048, 5), 5)
+    assert [g for g in shapes if g.startswith("verify")] == [f"verify_{b}" for b in (128, 256, 512, 1024, 2052)]
+    assert [g for g in shapes if g.startswith("decode")] == [f"decode_{b}" for b in (128, 256, 512, 1024, 2052)]
+
+
+@slow
+def test_each_decode_step_runs_the_smallest_line_bucket_that_holds_its_rows(tiny_checkpoint):
+    """Lines of 256 positions, buckets 128 and 256: rows below 128 decode in the 128 graph, and a row crossing it
+    moves the whole step to the 256 graph (a resting row's filler past the bucket changes nothing); the tokens
+    and logits are eager decoding's."""
+    folder = tiny_checkpoint("llama")
+    fields = dict(max_num_seqs=2, max_model_len=256, max_context_length=128)
+    compiled, eager = make_runner(folder, compile=True, **fields), make_runner(folder, **fields)
+    graphs = compiled.graphs
+    ran = []
+    run = graphs._run
+    graphs._run = lambda graph, *inputs: ran.append(graph) or run(graph, *inputs)
+    got, want = Recorder(compiled), Recorder(eager)
+    long, short = [(7 * i) % 95 + 1 for i in range(120)], [5, 9, 2]
+    for rec in (got, want):
+        rec.out = rec.prefill([0, 1], [long, short])
+        rec.positions = [len(long), len(short)]
+    for step in range(12):  # row 0 crosses position 128 at step 8
+        for rec in (got, want):
+            rec.out = rec.decode([0, 1], rec.out, rec.positions)
+            rec.positions = [p + 1 for p in rec.positions]
+        assert got.out == want.out, step
+    assert [g for g in ran if g.startswith("decode")] == ["decode_128"] * 8 + ["decode_256"] * 4
+    for step in range(3):  # row 0 rests past 128 (a filler at its next position): row 1 alone fits 128
+        got.out[1:] = got.decode([1], got.out[1:], got.positions[1:])
+        want.out[1:] = want.decode([1], want.out[1:], want.positions[1:])
+        got.positions[1] += 1
+        want.positions[1] += 1
+        assert got.out == want.out
+    assert ran[-1] == "decode_128"
+    assert max(float((a - b).abs().max()) for a, b in zip(got.logits, want.logits)) < ATOL
+
+
 @slow
 def test_serving_a_shape_that_was_not_compiled_fails_instead_of_compiling(tiny_checkpoint):
     graphs = make_runner(tiny_checkpoint("llama"), compile=True).graphs
     with pytest.raises(Exception, match="recompile"):
         with torch.inference_mode(), torch.compiler.set_stance(COMPILED_STANCE):
-            graphs._graphs["decode"](graphs._traced, torch.zeros((3, 1), dtype=torch.int64), torch.ones((3, 1), dtype=torch.int64))
+            graphs._graphs["decode_64"](graphs._traced, torch.zeros((3, 1), dtype=torch.int64),
+                                        torch.ones((3, 1), dtype=torch.int64), 64)
 
 
 @pytest.fixture(scope="module")
@@ -177,9 +225,9 @@ def test_compiled_speculation_matches_plain_decoding(greedy_plain, tiny_checkpoi
     draft = tiny_checkpoint("qwen2") if mode == "draft" else None  # same vocabulary, another model
     runner = make_runner(target, max_num_seqs=3, compile=True, **spec_fields(mode, 3, draft))
     graphs = runner.info()
-    assert graphs["graphs"]["verify"] == [3, 4]
+    assert graphs["graphs"]["verify_67"] == [3, 4]  # the line: max_model_len 64 + k 3 scratch positions
     if mode == "draft":
-        assert graphs["draft_graphs"] == {"decode": [3, 1], "prefill_32": [1, 32], "verify": [3, 4]}
+        assert graphs["draft_graphs"] == {"decode_67": [3, 1], "prefill_32": [1, 32], "verify_67": [3, 4]}
         assert runner.draft_model() is runner.draft_graphs
     before = compile_counters()
     outputs, engine = run_engine(runner, reqs)

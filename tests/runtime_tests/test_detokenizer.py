@@ -214,3 +214,19 @@ def test_random_byte_streams_match_a_whole_decode():
         noise = [rng.choice([0x41, 0x80, 0xBF, 0xC3, 0xE2, 0xF0, 0xFF, EOS]) for _ in range(rng.randrange(1, 25))]
         got = "".join(stream_after([104, 105], noise))
         assert got.replace("\ufffd", "") == tokenizer.decode(noise).replace("\ufffd", "")
+
+
+def test_the_backend_decoder_decodes_as_the_tokenizer(smollm2_tokenizer):
+    """The step loop decodes with the fast tokenizer's backend: the same text as transformers' decode, special
+    tokens skipped, on every window of a chat."""
+    from neuronmodel_runtime.engine.tokenizer import text_decoder
+
+    decoder = text_decoder(smollm2_tokenizer)
+    assert decoder is not smollm2_tokenizer
+    ids = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "Ünïcödé ✓ 🎉 and spaces  ,ok"}],
+                                                tokenize=False, add_generation_prompt=True)
+    ids = smollm2_tokenizer.encode(ids, add_special_tokens=False)
+    for start in range(len(ids)):
+        for end in range(start + 1, min(start + 8, len(ids)) + 1):
+            assert decoder.decode(ids[start:end], skip_special_tokens=True) == smollm2_tokenizer.decode(
+                ids[start:end], skip_special_tokens=True)

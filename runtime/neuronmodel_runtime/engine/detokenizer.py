@@ -68,7 +68,7 @@ class IncrementalDetokenizer:
             return ""
         # `seen` is a prefix of `text`, except when the new tokens complete a character that `seen` ended in
         # (as U+FFFD): a prompt ending inside a character, or a forced emission; the completed character is new.
-        out = os.path.commonprefix([seen, text])
+        out = seen if text.startswith(seen) else os.path.commonprefix([seen, text])  # the first: nearly always
         incomplete = len(text) <= len(out) or text.endswith(REPLACEMENT_CHAR)
         if incomplete and not final and len(self.ids) - self.read_offset <= MAX_PENDING_TOKENS:
             return ""

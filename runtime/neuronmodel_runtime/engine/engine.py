@@ -10,6 +10,7 @@ from neuronmodel_runtime.engine.detokenizer import Decoder, IncrementalDetokeniz
 from neuronmodel_runtime.engine.outputs import FINISH_ERROR, EngineStats, RequestOutput
 from neuronmodel_runtime.engine.request import Request
 from neuronmodel_runtime.engine.scheduler import Scheduler
+from neuronmodel_runtime.engine.tokenizer import text_decoder
 from neuronmodel_runtime.engine.speculation import Speculation, speculative_decode
 from neuronmodel_runtime.runners.base import DecodeBatch, ModelRunner, PrefillBatch, StepOutput
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingParams
@@ -34,6 +35,7 @@ class Engine:
     ):
         self.runner = runner
         self.tokenizer = tokenizer
+        self.decoder = text_decoder(tokenizer)  # what each request's detokenizer decodes with
         self.capacity = runner.capacity()
         self.capabilities = runner.capabilities()
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -50,7 +52,7 @@ class Engine:
             request_id=request_id,
             prompt_ids=list(prompt_ids),
             params=params,
-            detokenizer=IncrementalDetokenizer.for_prompt(self.tokenizer, prompt_ids),
+            detokenizer=IncrementalDetokenizer.for_prompt(self.decoder, prompt_ids),
             stop_matcher=StopStringMatcher(tuple(params.stop), include_stop=params.include_stop_str_in_output),
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.capacity.max_model_len,
@@ -72,6 +74,7 @@ class Engine:
 
     def step(self, emit: Emit) -> None:
         """One iteration. Prefill outputs are emitted before the decode runs, so first tokens are not delayed."""
+        started = time.perf_counter()
         self.scheduler.abort_expired(time.monotonic())
         plan = self.scheduler.schedule()
         for req in plan.aborted:
@@ -84,8 +87,16 @@ class Engine:
         if plan.decodes:
             self._execute(plan.decodes, self._decode)
             emit(self._update(plan.decodes))
-        self.stats.num_running = self.scheduler.num_running
-        self.stats.num_waiting = self.scheduler.num_waiting
+        stats = self.stats
+        stats.num_running = self.scheduler.num_running
+        stats.num_waiting = self.scheduler.num_waiting
+        if not plan.empty:
+            stats.steps_total += 1
+            stats.step_seconds_total += time.perf_counter() - started
+            stats.prefill_calls_total += bool(plan.prefills)
+            stats.prefill_rows_total += len(plan.prefills)
+            stats.decode_calls_total += bool(plan.decodes)
+            stats.decode_rows_total += len(plan.decodes)
 
     def _prefill(self, reqs: list[Request]) -> StepOutput:
         self.stats.prompt_tokens_total += sum(len(r.prompt_ids) for r in reqs)
@@ -158,6 +169,7 @@ class Engine:
 
     def _execute(self, reqs: list[Request], run: Callable[[list[Request]], StepOutput]) -> None:
         """Run one runner call and append its tokens; a failing call fails only the requests in it."""
+        started = time.perf_counter()
         try:
             out = run(reqs)
         except Exception as exc:  # the process keeps serving the others
@@ -165,6 +177,8 @@ class Engine:
             for req in reqs:
                 req.finish_reason, req.error = FINISH_ERROR, f"model runner failed: {type(exc).__name__}: {exc}"
             return
+        finally:
+            self.stats.runner_seconds_total += time.perf_counter() - started
         self._count_speculation(out)
         now = time.monotonic()
         for i, req in enumerate(reqs):

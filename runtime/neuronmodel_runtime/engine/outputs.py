@@ -83,6 +83,14 @@ class EngineStats:
     spec_draft_tokens_total: int = 0  # draft tokens proposed
     spec_accepted_tokens_total: int = 0  # draft tokens accepted
     spec_accepted_per_position: list[int] = field(default_factory=list)  # index i: drafts accepted at position i
+    # Where the step loop's time goes (seconds and calls, ever): what a step costs on the host beside the runner.
+    steps_total: int = 0  # engine steps that had work
+    step_seconds_total: float = 0.0  # wall time inside those steps
+    runner_seconds_total: float = 0.0  # of which in runner calls (prefill, decode, speculation)
+    prefill_calls_total: int = 0  # runner.prefill calls
+    prefill_rows_total: int = 0  # prompts they carried
+    decode_calls_total: int = 0  # decode (or speculative) runner calls
+    decode_rows_total: int = 0  # rows they carried: / decode_calls_total = the mean decode batch
 
     @property
     def kv_cache_usage(self) -> float:

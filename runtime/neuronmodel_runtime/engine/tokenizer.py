@@ -17,6 +17,27 @@ def load_tokenizer(model_path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
 
 
+class _BackendDecoder:
+    """`decode` straight from a fast tokenizer's `tokenizers` backend."""
+
+    def __init__(self, backend: Any):
+        self._decode = backend.decode
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        return self._decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def text_decoder(tokenizer: Any) -> Any:
+    """What the detokenizer decodes with: a fast tokenizer's backend, where that gives the same text as
+    `tokenizer.decode` (no clean-up of spaces), else the tokenizer itself. Why: the step loop decodes twice per
+    token and stream; transformers' wrapper converts and checks its arguments on every call, three times the
+    backend's own cost (measured on SmolLM2: 2.9 us against 0.95 us)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return tokenizer
+    return _BackendDecoder(backend)
+
+
 def eos_token_ids(model_path: str | Path, tokenizer: Any) -> set[int]:
     """EOS ids: the tokenizer's, plus every id in generation_config.json's eos_token_id (int or list)."""
     ids: set[int] = set()

@@ -3,19 +3,25 @@
 Neuron runs a model only in the shapes it was compiled for; so does `FixedShapeModel`, with `torch.compile`
 (inductor, `dynamic=False`, one full graph per shape) over the same `LlamaModel` weights and KV cache:
 
-- decode: ONE graph at the full slot batch `[max_num_seqs, 1]`, row i in KV line i (NxDI's token generation). A
-  slot without a row this step gets a filler row (token 0) at its next free position, as the NxDI runner sends
-  them: its own next step writes that position before anything reads it (see `_filler_position`).
-- prefill: one graph per context-encoding bucket `[1, b]` (NxDI's buckets: powers of two from 128 up to
-  max_context_length, `context_buckets`), one prompt per call, right-padded to the smallest bucket that holds it;
+- decode: graphs at the full slot batch `[max_num_seqs, 1]`, row i in KV line i (NxDI's token generation), one per
+  token-generation bucket: each attends over the first b positions of the lines only, and a step runs the smallest
+  bucket that holds every row's position (NxDI's `token_generation_buckets`, made by the same rule as the context
+  buckets over the line: powers of two from 128, then the whole line). A slot without a row this step gets a filler
+  row (token 0) at its next free position, as the NxDI runner sends them: its own next step writes that position
+  before anything reads it (see `_filler_position`); a filler past the bucket writes there all the same and reads
+  nothing it keeps.
+- prefill: one graph per context-encoding bucket `[1, b]` (NxDI's rule, `context_buckets`: powers of two up to
+  max_context_length, from 128 on Neuron; from `PREFILL_MIN_BUCKET` here, where a chat prompt of a few dozen
+  tokens padded to 128 would cost four times its compute), one prompt per call, right-padded to the smallest bucket
+  that holds it;
   the pads sit after the prompt, so causal attention never lets a real token see them, and the logits are taken at
   the last real token only.
-- verify (scored speculation): one graph at `[max_num_seqs, k+1]`, full batch as well: each speculating row feeds
-  its last token and its drafts (padded to k+1), the other slots are fillers. The draft model uses the same graph to
+- verify (scored speculation): graphs at `[max_num_seqs, k+1]` per token-generation bucket, full batch as well: each
+  speculating row feeds its last token and its drafts (padded to k+1), the other slots are fillers. The draft model uses the same graph to
   catch up on several tokens at once, and the decode and prefill graphs otherwise.
 
-Every graph attends over the whole KV line (`[slots, KV, L, hd]` read in place, masked by position), as a compiled
-Neuron graph does, where eager decoding reads only the positions written so far. The line is `max_model_len + k`
+Every decode and verify graph attends over its bucket's part of the KV lines (`[slots, KV, b, hd]` read in place,
+masked by position), as a compiled Neuron graph does, where eager decoding reads only the positions written so far. The line is `max_model_len + k`
 long: a verify row writes k+1 positions (pads included) and a filler row's pads need room at the end of the line.
 
 In float32 on the CPU the linear layers run on oneDNN with each weight packed once at load (`packed_linear`: twice
@@ -58,6 +64,10 @@ log = logging.getLogger(__name__)
 COMPILED_STANCE = "fail_on_recompile"
 #: NxDI's smallest context-encoding bucket (`generate_buckets(128, max_context_length)`).
 MIN_CONTEXT_BUCKET = 128
+#: The compiled reference runner's smallest prefill bucket: prompts are padded to a power of two from here, so a
+#: 30-token chat prompt costs a 32-token prefill, not a 128-token one (measured on SmolLM2 at 16 concurrent chats:
+#: the prefills were 40% of the run's runner time at 128).
+PREFILL_MIN_BUCKET = 32
 
 
 def context_buckets(max_context_length: int, smallest: int = MIN_CONTEXT_BUCKET) -> list[int]:
@@ -67,6 +77,23 @@ def context_buckets(max_context_length: int, smallest: int = MIN_CONTEXT_BUCKET)
         return [max_context_length]
     low, high = int(math.log2(smallest)), round(math.log2(max_context_length))
     return [2**i for i in range(low, high)] + [max_context_length]  # round: never [.., 512, 513]
+
+
+def generation_buckets(line_length: int) -> list[int]:
+    """The token-generation buckets over a KV line of `line_length` positions: NxDI's rule for
+    `token_generation_buckets` (`generate_buckets(128, max_length)`), the context buckets' rule over the line."""
+    return context_buckets(line_length)
+
+
+def graph_shapes(num_slots: int, max_context_length: int, line_length: int, verify_width: int) -> dict[str, list[int]]:
+    """Graph name -> the token shape it is compiled for: `decode_<b>` and `verify_<b>` per token-generation bucket b
+    (the KV positions they attend over), `prefill_<b>` per context bucket."""
+    lines = generation_buckets(line_length)
+    shapes = {f"decode_{b}": [num_slots, 1] for b in lines}
+    shapes.update({f"prefill_{b}": [1, b] for b in context_buckets(max_context_length, PREFILL_MIN_BUCKET)})
+    if verify_width:
+        shapes.update({f"verify_{b}": [num_slots, verify_width] for b in lines})
+    return shapes
 
 
 # --- linear layers on pre-packed weights (CPU) -----------------------------------------------------------------
@@ -153,11 +180,13 @@ def _line_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m
     return out.reshape(batch, heads, length, hd)
 
 
-def _decoder(t: Traced, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, fresh: bool) -> torch.Tensor:
+def _decoder(t: Traced, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, fresh: bool,
+             line: int = 0) -> torch.Tensor:
     """`[B, T]` tokens of lines `slots` `[B]` at positions `pos` `[B, T]` -> hidden states `[B, T, D]`.
 
     fresh: every row starts at position 0 (prefill): attend causally over this call's K/V; otherwise attend over
-    the whole line, masked to the positions at or before each token's own.
+    the first `line` positions of the lines (a token-generation bucket), masked to those at or before each token's
+    own.
     """
     model = t.model
     cfg, w = model.config, model.weights
@@ -167,7 +196,7 @@ def _decoder(t: Traced, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Te
     slot_bt = slots[:, None].expand(batch, length)  # [B, T]
     mask = None
     if not fresh:
-        mask = (torch.arange(model.max_len, device=tokens.device) <= pos[:, :, None])[:, None]  # [B, 1, T, L]
+        mask = (torch.arange(line, device=tokens.device) <= pos[:, :, None])[:, None]  # [B, 1, T, line]
     x = F.embedding(tokens, w.embed)  # [B, T, D]
     for i, layer in enumerate(w.layers):
         h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
@@ -186,7 +215,7 @@ def _decoder(t: Traced, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Te
                                                   is_causal=True, enable_gqa=heads != kv_heads)  # [B, H, T, hd]
         else:
             assert mask is not None
-            attn = _line_attention(q, model.k_cache[i], model.v_cache[i], mask)  # [B, H, T, hd]
+            attn = _line_attention(q, model.k_cache[i, :, :, :line], model.v_cache[i, :, :, :line], mask)
         x = x + _linear(t, attn.transpose(1, 2).reshape(batch, length, heads * hd), layer.o, layer.o_bias)
         gate, up = _linear(t, rms_norm(x, layer.post_norm, cfg.rms_norm_eps), layer.gate_up).chunk(2, dim=-1)
         x = x + _linear(t, F.silu(gate) * up, layer.down)
@@ -207,17 +236,19 @@ def _prefill_graph(t: Traced, tokens: torch.Tensor, slot: torch.Tensor, last: to
     return _logits(t, hidden[0, last])  # [1, V]
 
 
-def _decode_graph(t: Traced, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Every slot, in slot order: tokens `[S, 1]` at positions `[S, 1]` of line i -> logits `[S, V]`."""
+def _decode_graph(t: Traced, tokens: torch.Tensor, positions: torch.Tensor, line: int) -> torch.Tensor:
+    """Every slot, in slot order: tokens `[S, 1]` at positions `[S, 1]` of line i, attending over its first `line`
+    positions -> logits `[S, V]`."""
     slots = torch.arange(tokens.shape[0], device=tokens.device)
-    return _logits(t, _decoder(t, tokens, slots, positions, fresh=False)[:, 0])
+    return _logits(t, _decoder(t, tokens, slots, positions, fresh=False, line=line)[:, 0])
 
 
-def _verify_graph(t: Traced, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """Every slot: tokens `[S, W]` at start[i] .. start[i]+W-1 of line i -> logits at every position `[S, W, V]`."""
+def _verify_graph(t: Traced, tokens: torch.Tensor, start: torch.Tensor, line: int) -> torch.Tensor:
+    """Every slot: tokens `[S, W]` at start[i] .. start[i]+W-1 of line i, attending over its first `line` positions
+    -> logits at every position `[S, W, V]`."""
     slots = torch.arange(tokens.shape[0], device=tokens.device)
     pos = start[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [S, W]
-    return _logits(t, _decoder(t, tokens, slots, pos, fresh=False))
+    return _logits(t, _decoder(t, tokens, slots, pos, fresh=False, line=line))
 
 
 def _own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -326,7 +357,8 @@ class FixedShapeModel:
         self.num_slots = model.num_slots
         self.max_model_len = max_model_len
         self.max_context_length = max_context_length
-        self.buckets = context_buckets(max_context_length)
+        self.buckets = context_buckets(max_context_length, PREFILL_MIN_BUCKET)
+        self.lines = generation_buckets(model.max_len)  # the decode / verify graphs' token-generation buckets
         self.verify_width = verify_width  # k+1; 0 = no verify graph
         self.device, self.dtype, self.config = model.device, model.dtype, model.config
         # linear layers on oneDNN-packed weights (float32 on the CPU; None: wherever that is possible)
@@ -341,12 +373,8 @@ class FixedShapeModel:
         return self.config.vocab_size
 
     def shapes(self) -> dict[str, list[int]]:
-        """Graph name -> token shape it was compiled for."""
-        shapes = {"decode": [self.num_slots, 1]}
-        shapes.update({f"prefill_{b}": [1, b] for b in self.buckets})
-        if self.verify_width:
-            shapes["verify"] = [self.num_slots, self.verify_width]
-        return shapes
+        """Graph name -> token shape it was compiled for (`graph_shapes`)."""
+        return graph_shapes(self.num_slots, self.max_context_length, self.model.max_len, self.verify_width)
 
     # --- compile -----------------------------------------------------------------------------------------------
 
@@ -361,24 +389,29 @@ class FixedShapeModel:
         torch._dynamo.mark_static_address(self.model.v_cache)
         if self.packed:
             pack_weights(self.model.weights, self.num_slots)
-        kinds = {"decode": _decode_graph, "verify": _verify_graph}
-        kinds.update({f"prefill_{b}": _prefill_graph for b in self.buckets})
+        kinds = {"decode": _decode_graph, "verify": _verify_graph, "prefill": _prefill_graph}
         dev = self.device
         for graph, shape in self.shapes().items():
-            fn = _own_code(kinds[graph], f"{self.name}_{graph}_graph")
+            kind, size = graph.split("_")
+            fn = _own_code(kinds[kind], f"{self.name}_{graph}_graph")
             self._graphs[graph] = torch.compile(fn, dynamic=False, fullgraph=True)
             tokens = torch.zeros(shape, dtype=torch.int64, device=dev)
-            if graph == "decode":
-                self._graphs[graph](self._traced, tokens, torch.ones(shape, dtype=torch.int64, device=dev))
-            elif graph == "verify":
-                self._graphs[graph](self._traced, tokens, torch.zeros(shape[0], dtype=torch.int64, device=dev))
+            if kind == "decode":
+                self._graphs[graph](self._traced, tokens, torch.ones(shape, dtype=torch.int64, device=dev), int(size))
+            elif kind == "verify":
+                self._graphs[graph](self._traced, tokens, torch.zeros(shape[0], dtype=torch.int64, device=dev),
+                                    int(size))
             else:
                 slot, last = (torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(2))  # distinct, as served
                 self._graphs[graph](self._traced, tokens, slot, last)
             log.info("%s: graph %s %s ready after %.1f s", self.name, graph, shape, time.perf_counter() - started)
         self.compile_seconds = time.perf_counter() - started
 
-    def _run(self, graph: str, *inputs: torch.Tensor) -> torch.Tensor:
+    def line_bucket(self, needed: int) -> int:
+        """The smallest token-generation bucket that holds `needed` positions (every real row's, fillers aside)."""
+        return next(b for b in self.lines if needed <= b)
+
+    def _run(self, graph: str, *inputs: Any) -> torch.Tensor:
         if graph not in self._graphs:
             raise RuntimeError(f"{self.name}: graph {graph} was not compiled (call compile() first)")
         with torch.compiler.set_stance(COMPILED_STANCE):  # serving never compiles
@@ -414,7 +447,8 @@ class FixedShapeModel:
         rows = torch.tensor(list(slots), dtype=torch.int64)
         full_tokens[rows, 0] = torch.tensor(list(tokens), dtype=torch.int64)
         full_pos[rows, 0] = torch.tensor(list(positions), dtype=torch.int64)
-        logits = self._run("decode", full_tokens.to(self.device), full_pos.to(self.device))  # [S, V]
+        line = self.line_bucket(max(positions) + 1)
+        logits = self._run(f"decode_{line}", full_tokens.to(self.device), full_pos.to(self.device), line)  # [S, V]
         for slot, position in zip(slots, positions):
             self._next[slot] = position + 1
         return logits[rows.to(self.device)]
@@ -433,7 +467,8 @@ class FixedShapeModel:
         for slot, row, position in zip(slots, fed, start):
             full_tokens[slot, : len(row)] = torch.tensor(list(row), dtype=torch.int64)
             full_start[slot] = position
-        logits = self._run("verify", full_tokens.to(self.device), full_start.to(self.device))  # [S, W, V]
+        line = self.line_bucket(max(start) + width)
+        logits = self._run(f"verify_{line}", full_tokens.to(self.device), full_start.to(self.device), line)
         for slot, row, position in zip(slots, fed, start):
             self._next[slot] = position + len(row)
         return logits[torch.tensor(list(slots), device=self.device)]
@@ -556,6 +591,7 @@ def load_weights(path: Path, config: LlamaConfig, device: torch.device, dtype: t
     return LlamaWeights(embed=embed, layers=layers, norm=on["norm"], lm_head=head)
 
 
-__all__ = ["COMPILED_STANCE", "FixedShapeModel", "MIN_CONTEXT_BUCKET", "Traced", "cache_length", "can_pack",
-           "compile_counters", "compile_target", "context_buckets", "counters_since", "install_kernels",
+__all__ = ["COMPILED_STANCE", "FixedShapeModel", "MIN_CONTEXT_BUCKET", "PREFILL_MIN_BUCKET", "Traced", "cache_length", "can_pack",
+           "compile_counters", "compile_target", "context_buckets", "counters_since", "generation_buckets",
+           "graph_shapes", "install_kernels",
            "kernels_into", "load_weights", "pack_weights", "packed_linear", "save_weights", "scoped_cache_artifacts"]

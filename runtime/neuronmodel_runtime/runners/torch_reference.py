@@ -55,8 +55,8 @@ from neuronmodel_runtime.runners.compiled_graphs import (
     cache_length,
     compile_counters,
     compile_target,
-    context_buckets,
     counters_since,
+    graph_shapes,
     install_kernels,
     kernels_into,
     load_weights,
@@ -94,7 +94,7 @@ def prefill_groups(lengths: Sequence[int], budget: float = PREFILL_PADDING_BUDGE
 COMPILE_CACHE_FILE = "torch-compile-cache.bin"
 KERNELS_FILE = "inductor-kernels.tar"
 #: Changes with what the artifacts hold or how the graphs are built, so that older artifacts are never loaded.
-ARTIFACTS_FORMAT = 1
+ARTIFACTS_FORMAT = 2
 WEIGHTS_FILE = "weights.safetensors"
 DRAFT_WEIGHTS_FILE = "draft-weights.safetensors"
 
@@ -180,10 +180,7 @@ class TorchReferenceRunner(ModelRunner):
         """Everything that shapes the compiled graphs (the artifacts folder's digest; torch's version is beside it)."""
         cfg = self.config
         width = self._verify_width()
-        graphs = {"decode": [cfg.max_num_seqs, 1],
-                  **{f"prefill_{b}": [1, b] for b in context_buckets(cfg.max_context_length)}}
-        if width:
-            graphs["verify"] = [cfg.max_num_seqs, width]
+        graphs = graph_shapes(cfg.max_num_seqs, cfg.max_context_length, cache_length(cfg.max_model_len, width), width)
         return {
             "format": ARTIFACTS_FORMAT, "device": self.device.type, "target": compile_target(self.device),
             "dtype": str(dtype).removeprefix("torch."), "max_num_seqs": cfg.max_num_seqs,

@@ -56,6 +56,17 @@ class _EngineCollector(Collector):
         yield counter(
             "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", stats.spec_accepted_tokens_total
         )
+        yield counter("neuronmodel:engine_steps", "Engine steps that had work.", stats.steps_total)
+        yield counter("neuronmodel:engine_step_seconds", "Seconds inside engine steps (runner calls included).",
+                      stats.step_seconds_total)
+        yield counter("neuronmodel:runner_seconds", "Seconds in runner calls: engine step seconds minus these are the "
+                      "host's share of a step.", stats.runner_seconds_total)
+        yield counter("neuronmodel:prefill_calls", "Runner prefill calls.", stats.prefill_calls_total)
+        yield counter("neuronmodel:prefill_rows", "Prompts those calls carried.", stats.prefill_rows_total)
+        yield counter("neuronmodel:decode_calls", "Runner decode calls (speculative ones included).",
+                      stats.decode_calls_total)
+        yield counter("neuronmodel:decode_rows", "Rows those calls carried (/ decode calls: the mean decode batch).",
+                      stats.decode_rows_total)
         per_pos = CounterMetricFamily(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted, by position in the draft.",

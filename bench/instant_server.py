@@ -1,0 +1,89 @@
+"""The runtime's server and engine around an instant runner: what the host costs per step at Neuron speed.
+
+`InstantRunner` keeps the runner contract (fixed slots, one token per row per step, token ids out as on-device
+sampling returns them) and answers at once, so everything a step costs here is the engine's and the server's:
+scheduling, detokenizing, stop checks, streaming. Run as a process by bench/serving.py (`host_ms_per_step_b64`):
+
+    python bench/instant_server.py CONFIG.json   # a RuntimeConfig: model (for its tokenizer), max_num_seqs, server
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from neuronmodel_runtime.config import load_config
+from neuronmodel_runtime.engine.async_engine import AsyncEngine
+from neuronmodel_runtime.engine.engine import Engine
+from neuronmodel_runtime.engine.tokenizer import eos_token_ids, load_tokenizer
+from neuronmodel_runtime.runners.base import (
+    DecodeBatch,
+    ModelRunner,
+    PrefillBatch,
+    RunnerCapabilities,
+    RunnerCapacity,
+    StepOutput,
+)
+from neuronmodel_runtime.runners.neuron_common import sampling_capabilities
+from neuronmodel_runtime.server.app import create_app
+from neuronmodel_runtime.server.runner import serve
+
+
+class InstantRunner(ModelRunner):
+    """Every row's next token is the next one of a fixed English sentence (real words for the detokenizer), at
+    once."""
+
+    framework = "instant"
+
+    def __init__(self, capacity: RunnerCapacity, text_ids: list[int]):
+        self.cap = capacity
+        self.text_ids = text_ids
+        self.position: dict[int, int] = {}
+
+    def load(self) -> None:
+        pass
+
+    def capacity(self) -> RunnerCapacity:
+        return self.cap
+
+    def capabilities(self) -> RunnerCapabilities:
+        return RunnerCapabilities(sampling_capabilities(self.framework, True, 256, top_p_rule="keep"))
+
+    def prefill(self, batch: PrefillBatch) -> StepOutput:
+        for slot in batch.slots:
+            self.position[slot] = 0
+        return StepOutput(token_ids=[[self._next(slot)] for slot in batch.slots])
+
+    def decode(self, batch: DecodeBatch) -> StepOutput:
+        return StepOutput(token_ids=[[self._next(slot)] for slot in batch.slots])
+
+    def _next(self, slot: int) -> int:
+        i = self.position[slot]
+        self.position[slot] = i + 1
+        return self.text_ids[i % len(self.text_ids)]
+
+    def release(self, slot: int) -> None:
+        self.position.pop(slot, None)
+
+    def info(self) -> dict[str, Any]:
+        return {"framework": self.framework}
+
+
+def main(path: str) -> int:
+    config = load_config(path)
+    model = Path(str(config.model))
+    tokenizer = load_tokenizer(model)
+    text = tokenizer.encode(" The quick brown fox jumps over the lazy dog, and the story goes on like this.",
+                            add_special_tokens=False)
+    capacity = RunnerCapacity(config.max_num_seqs, config.max_context_length, config.max_model_len, 0,
+                              len(tokenizer))
+    engine = Engine(InstantRunner(capacity, text), tokenizer, eos_token_ids(model, tokenizer),
+                    config.max_num_batched_tokens, config.server.request_timeout_s)
+    serving = AsyncEngine(engine, tokenizer=tokenizer, model_name=model.name, max_queue=config.server.max_queue,
+                          own_thread=False)
+    return serve(create_app(serving, config), config)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
