@@ -45,6 +45,7 @@ NXDI_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "nxdi")
 TNX_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "tnx")
 CACHE = ("tests/runtime_tests/test_cache.py",)
 NXDI_RUNNER = ("tests/runtime_tests/test_nxdi_runner.py",)
+COMPILED_BUCKETS = ("tests/runtime_tests/test_compiled_runner.py", "-k", "line_bucket")
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,12 @@ MUTATIONS += [
         "return {**kwargs, **copy.deepcopy(config.neuron_config_overrides)}",
         "return kwargs",
         NXDI_RUNNER + ("-k", "overrides"),
+    ),
+    Mutation(
+        "compiled: every decode step in the smallest token-generation bucket", "runners/compiled_graphs.py",
+        "line = self.line_bucket(max(positions) + 1)",
+        "line = self.lines[0]",
+        COMPILED_BUCKETS,
     ),
     Mutation(
         "neuron: a global top-k above the device's limit accepted", "runners/neuron_common.py",

@@ -56,6 +56,22 @@ async def test_metrics_are_present_and_move_after_requests():
         assert value(after, "vllm:num_requests_running") == 0
 
 
+async def test_the_step_breakdown_counts_what_the_engine_did():
+    """One request of 4 tokens alone: 4 steps with work (a prefill, then 3 decodes of one row), the runner's
+    seconds within the steps' seconds."""
+    async with asgi_client() as (client, app):
+        before = await scrape(client)
+        await client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 4, "temperature": 0})
+        after = await scrape(client)
+
+        def moved(name: str) -> float:
+            return value(after, f"neuronmodel:{name}_total") - value(before, f"neuronmodel:{name}_total")
+
+        assert (moved("engine_steps"), moved("prefill_calls"), moved("prefill_rows")) == (4, 1, 1)
+        assert (moved("decode_calls"), moved("decode_rows")) == (3, 3)
+        assert 0 < moved("runner_seconds") <= moved("engine_step_seconds")
+
+
 async def test_gauges_and_speculation_counters_read_engine_stats_at_scrape_time():
     async with asgi_client() as (client, app):
         snapshot = EngineStats(
