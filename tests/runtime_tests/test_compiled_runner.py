@@ -126,7 +126,7 @@ def compiled_and_eager(request, tiny_checkpoint):
 @slow
 def test_compiled_runner_serves_what_eager_serves(compiled_and_eager):
     compiled, eager = compiled_and_eager
-    assert compiled.info()["graphs"] == {"decode_64": [4, 1], "prefill_32": [1, 32]}
+    assert compiled.info()["graphs"] == {"decode_64": [4, 1], "prefill_32": [1, 32], "batchprefill_32": [4, 32]}
     before = compile_counters()
     tokens, logits = schedule(compiled)
     assert compile_counters()["graphs"] == before["graphs"], "serving after warm-up compiled a graph"
@@ -144,7 +144,7 @@ def test_prefill_buckets_and_bucket_choice(tiny_checkpoint):
     fields = dict(max_num_seqs=2, max_model_len=256, max_context_length=256)
     compiled, eager = make_runner(folder, compile=True, **fields), make_runner(folder, **fields)
     assert set(compiled.info()["graphs"]) == {"decode_128", "decode_256", "prefill_32", "prefill_64", "prefill_128",
-                                              "prefill_256"}
+                                              "prefill_256", "batchprefill_32", "batchprefill_64", "batchprefill_128"}
     assert [compiled.graphs.bucket(n) for n in (1, 32, 33, 128, 129, 256)] == [32, 32, 64, 128, 256, 256]
     with pytest.raises(ValueError, match="max_context_length"):
         compiled.graphs.bucket(257)
@@ -164,6 +164,31 @@ def test_generation_buckets_are_nxdis_token_generation_buckets():
     shapes = graph_shapes(16, 1024, cache_length(2048, 5), 5)
     assert [g for g in shapes if g.startswith("verify")] == [f"verify_{b}" for b in (128, 256, 512, 1024, 2052)]
     assert [g for g in shapes if g.startswith("decode")] == [f"decode_{b}" for b in (128, 256, 512, 1024, 2052)]
+
+
+@slow
+def test_prompts_filling_most_slots_are_prefilled_in_one_call(tiny_checkpoint):
+    """4 slots: 3 prompts of one bucket go in one batchprefill call (its spare row repeats the first prompt), 2 go
+    one by one; either way the logits are eager's and the lines hold the prompts (decoding continues as eager)."""
+    folder = tiny_checkpoint("llama")
+    compiled, eager = make_runner(folder, compile=True), make_runner(folder)
+    graphs = compiled.graphs
+    ran = []
+    run = graphs._run
+    graphs._run = lambda graph, *inputs: ran.append(graph) or run(graph, *inputs)
+    got, want = Recorder(compiled), Recorder(eager)
+    three = [[3, 17, 5, 60, 2], [9, 4], [7, 1, 88, 42, 42, 9, 30, 31, 5, 77, 64, 2, 3, 50]]
+    assert got.prefill([2, 0, 3], three) == want.prefill([2, 0, 3], three)
+    assert ran == ["batchprefill_32"]
+    assert got.decode([0, 2, 3], [5, 6, 7], [2, 5, 14]) == want.decode([0, 2, 3], [5, 6, 7], [2, 5, 14])
+    for rec in (got, want):
+        rec.runner.release(0)
+        rec.runner.release(3)
+    two = [[11, 12, 13], [44]]
+    assert got.prefill([0, 3], two) == want.prefill([0, 3], two)
+    assert ran[-2:] == ["prefill_32", "prefill_32"]
+    assert got.decode([0, 2, 3], [1, 2, 3], [3, 6, 1]) == want.decode([0, 2, 3], [1, 2, 3], [3, 6, 1])
+    assert max(float((a - b).abs().max()) for a, b in zip(got.logits, want.logits)) < ATOL
 
 
 @slow
@@ -227,7 +252,8 @@ def test_compiled_speculation_matches_plain_decoding(greedy_plain, tiny_checkpoi
     graphs = runner.info()
     assert graphs["graphs"]["verify_67"] == [3, 4]  # the line: max_model_len 64 + k 3 scratch positions
     if mode == "draft":
-        assert graphs["draft_graphs"] == {"decode_67": [3, 1], "prefill_32": [1, 32], "verify_67": [3, 4]}
+        assert graphs["draft_graphs"] == {"decode_67": [3, 1], "prefill_32": [1, 32], "batchprefill_32": [3, 32],
+                                          "verify_67": [3, 4]}
         assert runner.draft_model() is runner.draft_graphs
     before = compile_counters()
     outputs, engine = run_engine(runner, reqs)

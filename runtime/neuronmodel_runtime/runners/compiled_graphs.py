@@ -13,7 +13,8 @@ Neuron runs a model only in the shapes it was compiled for; so does `FixedShapeM
 - prefill: one graph per context-encoding bucket `[1, b]` (NxDI's rule, `context_buckets`: powers of two up to
   max_context_length, from 128 on Neuron; from `PREFILL_MIN_BUCKET` here, where a chat prompt of a few dozen
   tokens padded to 128 would cost four times its compute), one prompt per call, right-padded to the smallest bucket
-  that holds it;
+  that holds it; up to BATCH_PREFILL_MAX_BUCKET also one graph `[max_num_seqs, b]` for prompts arriving together
+  (NxDI compiles context encoding at batch 1: the reference runner goes further on the CPU);
   the pads sit after the prompt, so causal attention never lets a real token see them, and the logits are taken at
   the last real token only.
 - verify (scored speculation): graphs at `[max_num_seqs, k+1]` per token-generation bucket, full batch as well: each
@@ -64,6 +65,10 @@ log = logging.getLogger(__name__)
 COMPILED_STANCE = "fail_on_recompile"
 #: NxDI's smallest context-encoding bucket (`generate_buckets(128, max_context_length)`).
 MIN_CONTEXT_BUCKET = 128
+#: Context buckets up to this size also get a full-batch prefill graph `[max_num_seqs, b]`: prompts arriving
+#: together are prefilled in one call when they fill more than half of it (measured on SmolLM2, float32, 2 cores:
+#: one [16, 64] call costs what 9 [1, 64] calls do; larger buckets are compute-bound, where batching gains little).
+BATCH_PREFILL_MAX_BUCKET = 128
 #: The compiled reference runner's smallest prefill bucket: prompts are padded to a power of two from here, so a
 #: 30-token chat prompt costs a 32-token prefill, not a 128-token one (measured on SmolLM2 at 16 concurrent chats:
 #: the prefills were 40% of the run's runner time at 128).
@@ -87,10 +92,14 @@ def generation_buckets(line_length: int) -> list[int]:
 
 def graph_shapes(num_slots: int, max_context_length: int, line_length: int, verify_width: int) -> dict[str, list[int]]:
     """Graph name -> the token shape it is compiled for: `decode_<b>` and `verify_<b>` per token-generation bucket b
-    (the KV positions they attend over), `prefill_<b>` per context bucket."""
+    (the KV positions they attend over), `prefill_<b>` per context bucket, and `batchprefill_<b>` (every slot's
+    row) per context bucket up to BATCH_PREFILL_MAX_BUCKET when there are several slots."""
     lines = generation_buckets(line_length)
+    prompts = context_buckets(max_context_length, PREFILL_MIN_BUCKET)
     shapes = {f"decode_{b}": [num_slots, 1] for b in lines}
-    shapes.update({f"prefill_{b}": [1, b] for b in context_buckets(max_context_length, PREFILL_MIN_BUCKET)})
+    shapes.update({f"prefill_{b}": [1, b] for b in prompts})
+    if num_slots > 1:
+        shapes.update({f"batchprefill_{b}": [num_slots, b] for b in prompts if b <= BATCH_PREFILL_MAX_BUCKET})
     if verify_width:
         shapes.update({f"verify_{b}": [num_slots, verify_width] for b in lines})
     return shapes
@@ -229,11 +238,12 @@ def _logits(t: Traced, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def _prefill_graph(t: Traced, tokens: torch.Tensor, slot: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """One prompt right-padded to its bucket: tokens `[1, b]` into line `slot` `[1]` at 0..b-1; logits at the last
-    real token `last` `[1]`: `[1, V]`."""
-    pos = torch.arange(tokens.shape[1], device=tokens.device)[None]  # [1, b]
-    hidden = _decoder(t, tokens, slot, pos, fresh=True)  # [1, b, D]
-    return _logits(t, hidden[0, last])  # [1, V]
+    """P prompts right-padded to their bucket: tokens `[P, b]` into lines `slot` `[P]` at 0..b-1; logits at each
+    row's last real token `last` `[P]`: `[P, V]`."""
+    rows, length = tokens.shape
+    pos = torch.arange(length, device=tokens.device)[None].expand(rows, length)  # [P, b]
+    hidden = _decoder(t, tokens, slot, pos, fresh=True)  # [P, b, D]
+    return _logits(t, hidden[torch.arange(rows, device=tokens.device), last])  # [P, V]
 
 
 def _decode_graph(t: Traced, tokens: torch.Tensor, positions: torch.Tensor, line: int) -> torch.Tensor:
@@ -389,7 +399,8 @@ class FixedShapeModel:
         torch._dynamo.mark_static_address(self.model.v_cache)
         if self.packed:
             pack_weights(self.model.weights, self.num_slots)
-        kinds = {"decode": _decode_graph, "verify": _verify_graph, "prefill": _prefill_graph}
+        kinds = {"decode": _decode_graph, "verify": _verify_graph, "prefill": _prefill_graph,
+                 "batchprefill": _prefill_graph}
         dev = self.device
         for graph, shape in self.shapes().items():
             kind, size = graph.split("_")
@@ -402,7 +413,7 @@ class FixedShapeModel:
                 self._graphs[graph](self._traced, tokens, torch.zeros(shape[0], dtype=torch.int64, device=dev),
                                     int(size))
             else:
-                slot, last = (torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(2))  # distinct, as served
+                slot, last = (torch.zeros(shape[0], dtype=torch.int64, device=dev) for _ in range(2))  # distinct
                 self._graphs[graph](self._traced, tokens, slot, last)
             log.info("%s: graph %s %s ready after %.1f s", self.name, graph, shape, time.perf_counter() - started)
         self.compile_seconds = time.perf_counter() - started
@@ -428,16 +439,45 @@ class FixedShapeModel:
 
     def prefill(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
         """One prompt into `slot` at positions 0..n-1 (right-padded to its bucket): `[V]` logits at its last token."""
-        n = len(prompt)
-        if n < 1:
+        if len(prompt) < 1:
             raise ValueError("a prompt needs at least one token")
-        tokens = torch.zeros((1, self.bucket(n)), dtype=torch.int64)
-        tokens[0, :n] = torch.tensor(list(prompt), dtype=torch.int64)
+        b = self.bucket(len(prompt))
+        return self._prefill_call(f"prefill_{b}", b, [slot], [prompt])[0]
+
+    def prefill_all(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Prompts into their slots: `[N, V]` logits at each one's last token. The prompts of one bucket that fill
+        more than half of the slots go in one full-batch call (`batchprefill_<b>`); its spare rows repeat the first
+        prompt, writing the same K/V into the same line; the others go one per call."""
+        logits: list[Optional[torch.Tensor]] = [None] * len(prompts)
+        by_bucket: dict[int, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            by_bucket.setdefault(self.bucket(len(prompt)), []).append(i)
+        for b, rows in by_bucket.items():
+            if f"batchprefill_{b}" in self._graphs and 2 * len(rows) > self.num_slots:
+                batch = self._prefill_call(f"batchprefill_{b}", b, [slots[i] for i in rows],
+                                           [prompts[i] for i in rows])
+                for r, i in enumerate(rows):
+                    logits[i] = batch[r]
+            else:
+                for i in rows:
+                    logits[i] = self.prefill(slots[i], prompts[i])
+        return torch.stack([row for row in logits if row is not None])
+
+    def _prefill_call(self, graph: str, b: int, slots: Sequence[int], prompts: Sequence[Sequence[int]]
+                      ) -> torch.Tensor:
+        """One prefill graph call of `len(slots)` prompts, padded with repeats of the first to the graph's rows."""
+        rows = self.num_slots if graph.startswith("batch") else 1
+        pad = rows - len(prompts)
+        slots, prompts = [*slots, *[slots[0]] * pad], [*prompts, *[prompts[0]] * pad]
+        tokens = torch.zeros((rows, b), dtype=torch.int64)
+        for r, prompt in enumerate(prompts):
+            tokens[r, : len(prompt)] = torch.tensor(list(prompt), dtype=torch.int64)
         dev = self.device
-        logits = self._run(f"prefill_{tokens.shape[1]}", tokens.to(dev), torch.tensor([slot], device=dev),
-                           torch.tensor([n - 1], device=dev))
-        self._next[slot] = n
-        return logits[0]
+        logits = self._run(graph, tokens.to(dev), torch.tensor(slots, device=dev),
+                           torch.tensor([len(p) - 1 for p in prompts], device=dev))
+        for slot, prompt in zip(slots, prompts):
+            self._next[slot] = len(prompt)
+        return logits[: rows - pad]
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """One token per row at its position, all slots in one full-batch call: `[B, V]` logits in row order."""
@@ -591,7 +631,7 @@ def load_weights(path: Path, config: LlamaConfig, device: torch.device, dtype: t
     return LlamaWeights(embed=embed, layers=layers, norm=on["norm"], lm_head=head)
 
 
-__all__ = ["COMPILED_STANCE", "FixedShapeModel", "MIN_CONTEXT_BUCKET", "PREFILL_MIN_BUCKET", "Traced", "cache_length", "can_pack",
+__all__ = ["BATCH_PREFILL_MAX_BUCKET", "COMPILED_STANCE", "FixedShapeModel", "MIN_CONTEXT_BUCKET", "PREFILL_MIN_BUCKET", "Traced", "cache_length", "can_pack",
            "compile_counters", "compile_target", "context_buckets", "counters_since", "generation_buckets",
            "graph_shapes", "install_kernels",
            "kernels_into", "load_weights", "pack_weights", "packed_linear", "save_weights", "scoped_cache_artifacts"]

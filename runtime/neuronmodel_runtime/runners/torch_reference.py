@@ -308,8 +308,8 @@ class TorchReferenceRunner(ModelRunner):
         if not all(1 <= n <= self.config.max_context_length for n in lengths):
             raise ValueError(f"prompt lengths {lengths} must be in [1, {self.config.max_context_length}]")
         self.sampler.seed(batch.slots, batch.sampling)
-        if self.graphs is not None:  # one prompt per call, at its bucket
-            logits = torch.stack([self.graphs.prefill(s, p) for s, p in zip(batch.slots, batch.prompt_ids)])
+        if self.graphs is not None:  # at their buckets: one prompt per call, or many in a full-batch call
+            logits = self.graphs.prefill_all(batch.slots, batch.prompt_ids)
             return self._sample(logits, batch.slots, batch.sampling, batch.num_logprobs)
         logits = torch.empty((len(lengths), model.config.vocab_size), dtype=model.dtype, device=model.device)
         for group in prefill_groups(lengths):
