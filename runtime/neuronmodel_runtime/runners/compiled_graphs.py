@@ -18,12 +18,13 @@ Neuron runs a model only in the shapes it was compiled for; so does `FixedShapeM
   the pads sit after the prompt, so causal attention never lets a real token see them, and the logits are taken at
   the last real token only.
 - verify (scored speculation): graphs at `[max_num_seqs, k+1]` per token-generation bucket, full batch as well: each
-  speculating row feeds its last token and its drafts (padded to k+1), the other slots are fillers. The draft model uses the same graph to
-  catch up on several tokens at once, and the decode and prefill graphs otherwise.
+  speculating row feeds its last token and its drafts (padded to k+1), the other slots are fillers. The draft model
+  uses the same graphs to catch up on several tokens at once, and the decode and prefill graphs otherwise.
 
 Every decode and verify graph attends over its bucket's part of the KV lines (`[slots, KV, b, hd]` read in place,
-masked by position), as a compiled Neuron graph does, where eager decoding reads only the positions written so far. The line is `max_model_len + k`
-long: a verify row writes k+1 positions (pads included) and a filler row's pads need room at the end of the line.
+masked by position), as a compiled Neuron graph does, where eager decoding reads only the positions written so far.
+The line is `max_model_len + k` long: a verify row writes k+1 positions (pads included) and a filler row's pads need
+room at the end of the line.
 
 In float32 on the CPU the linear layers run on oneDNN with each weight packed once at load (`packed_linear`: twice
 the matmul speed of the default kernels at decode batch sizes there), and the attention over whole lines is written so
@@ -631,7 +632,8 @@ def load_weights(path: Path, config: LlamaConfig, device: torch.device, dtype: t
     return LlamaWeights(embed=embed, layers=layers, norm=on["norm"], lm_head=head)
 
 
-__all__ = ["BATCH_PREFILL_MAX_BUCKET", "COMPILED_STANCE", "FixedShapeModel", "MIN_CONTEXT_BUCKET", "PREFILL_MIN_BUCKET", "Traced", "cache_length", "can_pack",
-           "compile_counters", "compile_target", "context_buckets", "counters_since", "generation_buckets",
-           "graph_shapes", "install_kernels",
-           "kernels_into", "load_weights", "pack_weights", "packed_linear", "save_weights", "scoped_cache_artifacts"]
+__all__ = ["BATCH_PREFILL_MAX_BUCKET", "COMPILED_STANCE", "FixedShapeModel", "MIN_CONTEXT_BUCKET",
+           "PREFILL_MIN_BUCKET", "Traced", "cache_length", "can_pack", "compile_counters", "compile_target",
+           "context_buckets", "counters_since", "generation_buckets", "graph_shapes", "install_kernels",
+           "kernels_into", "load_weights", "pack_weights", "packed_linear", "save_weights",
+           "scoped_cache_artifacts"]

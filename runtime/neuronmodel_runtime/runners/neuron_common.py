@@ -124,4 +124,5 @@ def sampling_capabilities(framework: str, on_device: bool, global_top_k: int,
     )
 
 
-__all__ = ["MAX_DEVICE_TOP_K", "aws_support", "check_device_top_k", "first_tokens", "import_library", "refuse_managed_overrides", "read_model_config", "release_warning", "sampling_capabilities"]
+__all__ = ["MAX_DEVICE_TOP_K", "aws_support", "check_device_top_k", "first_tokens", "import_library",
+           "read_model_config", "refuse_managed_overrides", "release_warning", "sampling_capabilities"]
