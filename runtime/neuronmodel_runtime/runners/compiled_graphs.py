@@ -443,7 +443,7 @@ class FixedShapeModel:
         if len(prompt) < 1:
             raise ValueError("a prompt needs at least one token")
         b = self.bucket(len(prompt))
-        return self._prefill_call(f"prefill_{b}", b, [slot], [prompt])[0]
+        return self._prefill_call(f"prefill_{b}", 1, b, [slot], [prompt])[0]
 
     def prefill_all(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Prompts into their slots: `[N, V]` logits at each one's last token. The prompts of one bucket that fill
@@ -455,7 +455,7 @@ class FixedShapeModel:
             by_bucket.setdefault(self.bucket(len(prompt)), []).append(i)
         for b, rows in by_bucket.items():
             if f"batchprefill_{b}" in self._graphs and 2 * len(rows) > self.num_slots:
-                batch = self._prefill_call(f"batchprefill_{b}", b, [slots[i] for i in rows],
+                batch = self._prefill_call(f"batchprefill_{b}", self.num_slots, b, [slots[i] for i in rows],
                                            [prompts[i] for i in rows])
                 for r, i in enumerate(rows):
                     logits[i] = batch[r]
@@ -464,10 +464,10 @@ class FixedShapeModel:
                     logits[i] = self.prefill(slots[i], prompts[i])
         return torch.stack([row for row in logits if row is not None])
 
-    def _prefill_call(self, graph: str, b: int, slots: Sequence[int], prompts: Sequence[Sequence[int]]
+    def _prefill_call(self, graph: str, rows: int, b: int, slots: Sequence[int], prompts: Sequence[Sequence[int]]
                       ) -> torch.Tensor:
-        """One prefill graph call of `len(slots)` prompts, padded with repeats of the first to the graph's rows."""
-        rows = self.num_slots if graph.startswith("batch") else 1
+        """One call of prefill graph `graph` (`[rows, b]`) on `len(slots)` prompts, padded with repeats of the
+        first."""
         pad = rows - len(prompts)
         slots, prompts = [*slots, *[slots[0]] * pad], [*prompts, *[prompts[0]] * pad]
         tokens = torch.zeros((rows, b), dtype=torch.int64)

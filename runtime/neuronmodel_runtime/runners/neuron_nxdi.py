@@ -410,7 +410,9 @@ class NxdiRunner(ModelRunner):
             raise RunnerError(f"speculation.draft_model is an EAGLE3 draft, which NxDI {version} cannot serve "
                               "(is_eagle3 arrived with NxDI 0.7, SDK 2.27); use an EAGLE (v1) draft or a newer image")
         kwargs = neuron_config_kwargs(cfg, eagle3)
-        unknown = unknown_overrides(cls.get_neuron_config_cls()(**copy.deepcopy(kwargs)), cfg.neuron_config_overrides)
+        overrides = cfg.neuron_config_overrides
+        unknown = unknown_overrides(cls.get_neuron_config_cls()(**copy.deepcopy(kwargs)), overrides) if overrides \
+            else []
         if unknown:
             raise RunnerError(f"neuron_config_overrides: {', '.join(unknown)} is not a NeuronConfig keyword of NxDI "
                               f"{version} (it would be ignored); remove it or use a release that has it")
