@@ -1,6 +1,7 @@
 """The asyncio front: streams deliver in order, aborts free slots, the queue is bounded, shutdown ends streams."""
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -8,6 +9,7 @@ from fakes_runner import EOS, ByteTokenizer, ScriptedRunner, text_script
 from neuronmodel_runtime.engine.async_engine import AsyncEngine, EngineNotRunning, QueueFullError
 from neuronmodel_runtime.engine.engine import Engine
 from neuronmodel_runtime.engine.outputs import FINISH_ABORT, FINISH_ERROR
+from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.sampling.params import SamplingParams
 
 
@@ -33,6 +35,35 @@ async def test_concurrent_streams_complete_in_order():
     assert [t for t, _ in results] == ["hello world"] * 5
     assert all(last.finished and last.metrics.ttft is not None for _, last in results)
     assert front.num_unfinished == 0 and await front.wait_idle(1.0)
+    await front.shutdown()
+
+
+class LogprobRunner(ScriptedRunner):
+    """Each token's logprob names it, so the merged list can be checked against the token ids."""
+
+    def prefill(self, batch):
+        return self._with_logprobs(super().prefill(batch))
+
+    def decode(self, batch):
+        return self._with_logprobs(super().decode(batch))
+
+    @staticmethod
+    def _with_logprobs(out):
+        return replace(out, logprobs=[[TokenLogprob(-1.0, {t: -1.0}) for t in row] for row in out.token_ids])
+
+
+async def test_a_reader_behind_gets_what_is_queued_as_one_output():
+    """A consumer slower than the steps reads every queued increment at once: text, token ids and logprobs joined in
+    order, the last increment's counts and finish; nothing lost, and nothing merged past the final output."""
+    front = make(LogprobRunner(text_script("hello world"), slots=1))
+    stream = front.add_request("a", [65], SamplingParams(logprobs=0))
+    assert await front.wait_idle(5.0)  # every step done before the first read
+    outputs = [out async for out in stream]
+    assert len(outputs) == 1
+    (out,) = outputs
+    assert out.text == "hello world" and out.finished and out.finish_reason == "stop"
+    assert len(out.token_ids) == len(out.logprobs) == out.num_output_tokens == len("hello world") + 1  # + EOS
+    assert [list(lp.top) for lp in out.logprobs] == [[t] for t in out.token_ids]
     await front.shutdown()
 
 

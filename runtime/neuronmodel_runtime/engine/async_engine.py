@@ -51,9 +51,12 @@ class RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
+        """The next output, merged with every later one already queued (`RequestOutput.then`)."""
         if self.finished:
             raise StopAsyncIteration
         out = await self._queue.get()
+        while not out.finished and not self._queue.empty():
+            out = out.then(self._queue.get_nowait())
         self.finished = out.finished
         return out
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
 from neuronmodel_runtime.runners.base import TokenLogprob
@@ -67,6 +67,17 @@ class RequestOutput:
     logprobs: Optional[list[TokenLogprob]] = None  # aligned with token_ids, when the request asked for them
     error: Optional[str] = None  # set with FINISH_ERROR
     metrics: Optional[RequestMetrics] = None  # set on the final output
+
+    def then(self, later: "RequestOutput") -> "RequestOutput":
+        """This increment followed by the `later` one of the same request, as one increment.
+
+        The stream hands a consumer that fell behind everything queued as one output (vLLM's output collector
+        merges the same way), so a busy server writes one chunk per request and step it can serve, not one per
+        token."""
+        logprobs = None if self.logprobs is None and later.logprobs is None else [*(self.logprobs or ()),
+                                                                                 *(later.logprobs or ())]
+        return replace(later, text=self.text + later.text, token_ids=self.token_ids + later.token_ids,
+                       logprobs=logprobs)
 
 
 @dataclass

@@ -90,7 +90,11 @@ class Generation:
         self._prompt_lens = prompt_lens  # per prompt (not per choice): usage counts each prompt once
         self._num_output = [0] * len(streams)
         self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
-        self._pumps = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]  # held: not GC'd
+        # One choice (nearly every request) is read from its stream directly, without a relay task per token; the
+        # relay starts when the response ends before the stream does (`close`), so its final output is counted.
+        self._direct = len(streams) == 1
+        self._pumps = [] if self._direct else [asyncio.ensure_future(self._pump(i, s)) for i, s in
+                                                enumerate(streams)]  # held: not GC'd
         self._metrics = metrics
         self._on_close = on_close
         self._closed = False
@@ -105,6 +109,13 @@ class Generation:
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, output increment) in arrival order; choices interleave. Ends when all finished."""
+        if self._direct:
+            async for out in self._streams[0]:
+                self._num_output[0] = out.num_output_tokens
+                if out.finished:
+                    self._finished(out)
+                yield 0, out
+            return
         unfinished = len(self._streams)
         while unfinished:
             index, out = await self._queue.get()
@@ -182,6 +193,8 @@ class Generation:
             return
         self._closed = True
         self.abort()
+        if self._direct and not self._streams[0].finished:
+            self._pumps.append(asyncio.ensure_future(self._pump(0, self._streams[0])))
         self._on_close(self)
 
     def _finished(self, out: RequestOutput) -> None:
