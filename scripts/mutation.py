@@ -31,21 +31,21 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "runtime/neuronmodel_runtime"
 OPERATOR = "operator/neuronmodel_operator"
 
-DISTRIBUTION = ("tests/runtime_tests/test_spec_distribution.py",)
-SAMPLER = ("tests/runtime_tests/test_sampler_reference.py",)
-PROCESSORS = ("tests/runtime_tests/test_processors.py",)
-INVARIANCE = ("tests/runtime_tests/test_speculation.py", "-k", "alone_or_in_any_batch")
+DISTRIBUTION = ("tests/runtime_tests/spec_decode/test_spec_distribution.py",)
+SAMPLER = ("tests/runtime_tests/sampling/test_sampler_reference.py",)
+PROCESSORS = ("tests/runtime_tests/sampling/test_processors.py",)
+INVARIANCE = ("tests/runtime_tests/engine/test_speculation.py", "-k", "alone_or_in_any_batch")
 STATUS = ("tests/operator_tests/test_status.py",)
 BUILDERS = ("tests/operator_tests/test_builders.py",)
 CRD = ("tests/operator_tests/test_crd.py",)
 RECONCILE = ("tests/operator_tests/test_reconcile.py",)
 HANDLERS = ("tests/operator_tests/test_handlers.py",)
 RESOLVE = ("tests/operator_tests/test_resolve.py",)
-NXDI_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "nxdi")
-TNX_SUITE = ("tests/runtime_tests/test_runner_suite.py", "-k", "tnx")
-CACHE = ("tests/runtime_tests/test_cache.py",)
-NXDI_RUNNER = ("tests/runtime_tests/test_nxdi_runner.py",)
-COMPILED_BUCKETS = ("tests/runtime_tests/test_compiled_runner.py", "-k", "line_bucket")
+NXDI_SUITE = ("tests/runtime_tests/runners/test_runner_suite.py", "-k", "nxdi")
+TNX_SUITE = ("tests/runtime_tests/runners/test_runner_suite.py", "-k", "tnx")
+CACHE = ("tests/runtime_tests/artifacts/test_store.py",)
+NXDI_RUNNER = ("tests/runtime_tests/runners/test_nxdi_runner.py",)
+COMPILED_BUCKETS = ("tests/runtime_tests/runners/test_compiled_runner.py", "-k", "line_bucket")
 
 
 @dataclass(frozen=True)
@@ -285,25 +285,25 @@ MUTATIONS += [
         NXDI_RUNNER + ("-k", "this_pods_checkpoints"),
     ),
     Mutation(
-        "nxdi: the worker class read from the class after a fused instance mutated it", "runners/neuron_nxdi.py",
+        "nxdi: the worker class read from the class after a fused instance mutated it", "runners/nxdi_models.py",
         "decoder = _DECODER_CLASSES.setdefault(cls, cls._model_cls)\n    cls._model_cls = decoder",
         "decoder = cls._model_cls",
         NXDI_RUNNER + ("-k", "compiles_again"),
     ),
     Mutation(
-        "nxdi: multimodal model types let through", "runners/neuron_nxdi.py",
+        "nxdi: multimodal model types let through", "runners/nxdi_models.py",
         "    if model_type in NOT_TEXT_ONLY:\n        raise",
         "    if model_type in ():\n        raise",
         NXDI_RUNNER + ("-k", "multimodal"),
     ),
     Mutation(
-        "nxdi: an unknown override passed on (NxDI only logs it)", "runners/neuron_nxdi.py",
+        "nxdi: an unknown override passed on (NxDI only logs it)", "runners/nxdi_config.py",
         "return sorted(key for key in overrides if not hasattr(neuron_config, key))",
         "return []",
         NXDI_RUNNER + ("-k", "overrides or later_release"),
     ),
     Mutation(
-        "nxdi: neuron_config_overrides dropped", "runners/neuron_nxdi.py",
+        "nxdi: neuron_config_overrides dropped", "runners/nxdi_config.py",
         "return {**kwargs, **copy.deepcopy(config.neuron_config_overrides)}",
         "return kwargs",
         NXDI_RUNNER + ("-k", "overrides"),
@@ -315,7 +315,7 @@ MUTATIONS += [
         COMPILED_BUCKETS,
     ),
     Mutation(
-        "neuron: a global top-k above the device's limit accepted", "runners/neuron_common.py",
+        "neuron: a global top-k above the device's limit accepted", "runners/device_sampling.py",
         "if config.sampling.on_device and top_k > MAX_DEVICE_TOP_K:",
         "if False:",
         NXDI_RUNNER + ("-k", "device_limit"),
@@ -353,36 +353,36 @@ MUTATIONS += [
         "runners/neuron_tnx.py",
         "dtype=torch.int64 if eagle else torch.int32",
         "dtype=torch.int32",
-        ("tests/runtime_tests/test_tnx_runner.py", "-k", "eagle"),
+        ("tests/runtime_tests/runners/test_tnx_runner.py", "-k", "eagle"),
     ),
     Mutation(
         "tnx: neuron_config_overrides merged before the runner's own keywords (an override of fuse_qkv lost)",
-        "runners/neuron_tnx.py",
+        "runners/tnx_config.py",
         "kwargs.update(checked_overrides(config.neuron_config_overrides))",
         "kwargs = {**checked_overrides(config.neuron_config_overrides), **kwargs}",
-        ("tests/runtime_tests/test_tnx_runner.py", "-k", "overrides"),
+        ("tests/runtime_tests/runners/test_tnx_runner.py", "-k", "overrides"),
     ),
     Mutation(
         "tnx: every model type of TNx's registry let through (gptj, bloom ... reach from_pretrained)",
-        "runners/neuron_tnx.py",
+        "runners/tnx_models.py",
         "served = [name for name in SERVED_MODEL_TYPES if name in mapping]",
         "served = sorted(mapping)",
-        ("tests/runtime_tests/test_tnx_runner.py", "-k", "cannot_drive"),
+        ("tests/runtime_tests/runners/test_tnx_runner.py", "-k", "cannot_drive"),
     ),
     Mutation(
-        "cache: a held compile lease never renewed (a long compile loses its lock)", "cache.py",
+        "cache: a held compile lease never renewed (a long compile loses its lock)", "artifacts/store.py",
         "while not self._stop.wait(self.ttl_s / 3):",
         "while not self._stop.wait(self.ttl_s * 3):",
         CACHE,
     ),
     Mutation(
-        "cache: a holder back from a freeze deletes the lease that replaced its own", "cache.py",
+        "cache: a holder back from a freeze deletes the lease that replaced its own", "artifacts/store.py",
         "if not mine or now.token != token:\n                return False",
         "if not mine:\n                return False",
         CACHE,
     ),
     Mutation(
-        "cache: the sweep removes a live compile's staging folder", "cache.py",
+        "cache: the sweep removes a live compile's staging folder", "artifacts/folder.py",
         "        os.kill(int(pid), 0)\n",
         "        raise ProcessLookupError\n",
         CACHE,

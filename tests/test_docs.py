@@ -146,8 +146,8 @@ def test_the_runtime_pods_service_account_is_what_the_page_says():
 
 
 def _hint_actions() -> tuple[str, set[str]]:
-    """The S3 actions the cache's 403 message names (runtime/neuronmodel_runtime/cache_s3.py)."""
-    source = (ROOT / "runtime" / "neuronmodel_runtime" / "cache_s3.py").read_text()
+    """The S3 actions the cache's 403 message names (runtime/neuronmodel_runtime/artifacts/s3.py)."""
+    source = (ROOT / "runtime" / "neuronmodel_runtime" / "artifacts" / "s3.py").read_text()
     hint = re.search(r'\(the pod\'s AWS credentials need (.*?) "\s*"(.*?)\)', source)
     assert hint, "the 403 hint moved: update this test and docs/eks.md"
     text = f"the pod's AWS credentials need {hint.group(1)} {hint.group(2)}"

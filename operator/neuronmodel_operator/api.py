@@ -4,6 +4,10 @@
 edge (`parse_spec`), and `crdgen.py` generates the CRD's openAPIV3Schema from it, with its descriptions,
 defaults, enums and the CEL rules (`x-kubernetes-validations`) attached here. A rule's message says how to fix.
 CEL catches what it can at admission; `resolve.py` refuses what it cannot (the operator's Failed condition).
+
+What the spec shares with the runtime comes from the runtime's contract (neuronmodel_runtime.config): the source
+grammar (the CEL patterns), the rules across fields (their CEL rules and messages, naming the spec's fields through
+RUNTIME_FIELDS), the choices of the fields the RuntimeConfig copies, and the pods' environment variable names.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from neuronmodel_operator import devices
+from neuronmodel_runtime.config import env as runtime_env
+from neuronmodel_runtime.config import rules, sources
+from neuronmodel_runtime.config.model import CachePolicy, Dtype, Framework
 
 GROUP = "neuronmodel.dev"
 VERSION = "v1alpha1"
@@ -26,7 +33,7 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 #: Revision of the CRD's schema, written into it as the annotation crdgen.ANNOTATION_REVISION. Bump it with every
 #: schema change (tests/operator_tests/test_crd.py fails until you do): the operator refuses to start on a cluster
 #: whose CRD is older (crd_check.py), since Helm never upgrades the CRDs of a chart's crds/.
-CRD_REVISION = 2
+CRD_REVISION = 3
 
 FIELD_MANAGER = "neuronmodel-operator"
 #: The field manager that takes spec.replicas over from FIELD_MANAGER when a model switches to spec.autoscaling (the
@@ -50,7 +57,7 @@ ANNOTATION_SERVED_SPEC = f"{GROUP}/served-spec"  # the same, spec only, as opera
 # Environment of the operator process (the chart sets them).
 ENV_RUNTIME_IMAGE = "NEURONMODEL_RUNTIME_IMAGE"  # default spec.image
 ENV_HPA_METRIC = "NEURONMODEL_HPA_METRIC"  # default spec.autoscaling.metric
-ENV_INSTANCE_FAMILY = "NEURONMODEL_INSTANCE_FAMILY"  # set on runtime pods: the family artifacts are compiled for
+ENV_INSTANCE_FAMILY = runtime_env.INSTANCE_FAMILY  # set on runtime pods: the family artifacts are compiled for
 DEFAULT_HPA_METRIC = "vllm:num_requests_waiting"  # as prometheus-adapter exposes vLLM's metric
 
 SERVER_PORT_NAME = "http"
@@ -58,15 +65,41 @@ SERVER_PORT_NAME = "http"
 MAX_NAME_LENGTH = 40
 NAME_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
-# Shapes CEL checks against (kept short: CEL's cost budget grows with string lengths). The rules quote them as
-# raw CEL strings, r'...': `\s` is not an escape CEL's ordinary string literals accept (the CRD would not install).
-_SOURCE_RE = (r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?"
-              r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$")
-CACHE_URL_PATTERN = r"^(s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s]*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
+# The runtime's source grammar, as CEL matches it. The rules quote the patterns as raw CEL strings, r'...': `\s` is
+# not an escape CEL's ordinary string literals accept (the CRD would not install).
+_SOURCE_RE = sources.SOURCE_PATTERN
+CACHE_URL_PATTERN = sources.CACHE_URL_PATTERN
 _SOURCE_FORMS = "hf://org/name, s3://bucket/prefix, pvc://claim/path or an absolute path"
 
+#: RuntimeConfig field (dotted) -> the spec field (dotted, camelCase, under spec) it comes from: how the CEL rules
+#: of rules.py name their fields here, and how the operator names a field the runtime refuses (builders/configmap.py,
+#: which copies these). The RuntimeConfig's other fields are the operator's own (compile, server.host, ...).
+RUNTIME_FIELDS = {
+    "model": "model.source",
+    "framework": "framework",
+    "dtype": "model.dtype",
+    "max_num_seqs": "batching.maxBatchSize",
+    "max_model_len": "batching.maxSeqLen",
+    "max_context_length": "batching.maxContextLength",
+    "neuron_config_overrides": "neuronConfigOverrides",
+    "sampling.on_device": "sampling.onDevice",
+    "sampling.global_top_k": "sampling.globalTopK",
+    "speculation.mode": "speculation.mode",
+    "speculation.draft_model": "speculation.draftModel",
+    "speculation.num_speculative_tokens": "speculation.numSpeculativeTokens",
+    "speculation.prompt_lookup_min": "speculation.promptLookupMin",
+    "speculation.prompt_lookup_max": "speculation.promptLookupMax",
+    "parallelism.tensor_parallel_degree": "parallelism.tensorParallelDegree",
+    "parallelism.nodes": "parallelism.nodes",
+    "compile_cache.url": "compileCache.url",
+    "compile_cache.policy": "compileCache.policy",
+    "compile_cache.sharded_weights": "compileCache.shardedWeights",
+    "server.port": "server.port",
+    "server.served_model_name": "model.servedModelName",
+}
+
 #: The largest global top-k Neuron's on-device sampler takes (vllm-neuron's `_MAX_NEURON_SAMPLING_TOP_K`, "NEURON has
-#: an upper limit on the top_k"); the runtime refuses more at start (runners/neuron_common.py, MAX_DEVICE_TOP_K), the
+#: an upper limit on the top_k"); the runtime refuses more at start (runners/device_sampling.py, MAX_DEVICE_TOP_K), the
 #: CRD at admission. The host sampler (sampling.onDevice false) and the reference runner have no such limit.
 MAX_DEVICE_TOP_K = 256
 #: Most keys of spec.neuronConfigOverrides. An OpenAPI bound (maxProperties), not CEL: the API server's CEL sees an
@@ -77,6 +110,11 @@ MAX_NEURON_CONFIG_OVERRIDES = 64
 def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
     """json_schema_extra carrying CEL rules: (rule, message saying how to fix)."""
     return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+def _shared(*shared: rules.Rule) -> dict[str, Any]:
+    """json_schema_extra carrying the runtime's rules across fields (rules.py) as CEL, naming the spec's fields."""
+    return _rules(*(rule.cel(RUNTIME_FIELDS.__getitem__) for rule in shared))
 
 
 class _Spec(BaseModel):
@@ -107,7 +145,7 @@ class ModelSpec(_Spec):
                                     "Pin a commit for reproducible compile-cache keys.", max_length=256)
     token_secret_ref: Optional[SecretKeyRef] = Field(
         None, description="Secret holding the Hugging Face token (HF_TOKEN) for gated or private repos.")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+    dtype: Dtype = Field(
         "auto", description="Weights dtype; auto is bfloat16 on Neuron, float32 on CPU.")
     served_model_name: Optional[str] = Field(
         None, description="The `model` name clients send; default: the NeuronModel's name.", max_length=256)
@@ -123,9 +161,7 @@ class ModelSpec(_Spec):
 
 
 class Parallelism(_Spec):
-    model_config = ConfigDict(json_schema_extra=_rules((
-        "self.tensorParallelDegree % self.nodes == 0",
-        "parallelism.nodes must divide parallelism.tensorParallelDegree (each node holds TP/nodes NeuronCores)")))
+    model_config = ConfigDict(json_schema_extra=_shared(rules.NODES))
 
     tensor_parallel_degree: int = Field(1, ge=1, le=1024, description="NeuronCores the model is sharded over, "
                                         "across all nodes of a serving group.")
@@ -136,9 +172,7 @@ class Parallelism(_Spec):
 
 
 class Batching(_Spec):
-    model_config = ConfigDict(json_schema_extra=_rules((
-        "self.maxContextLength <= self.maxSeqLen",
-        "batching.maxContextLength (longest prompt) must be <= batching.maxSeqLen (prompt + output)")))
+    model_config = ConfigDict(json_schema_extra=_shared(rules.CONTEXT_LENGTH))
 
     max_batch_size: int = Field(8, ge=1, le=1024, description="Batch slots per replica (Neuron's compiled batch).")
     max_context_length: int = Field(1024, ge=1, le=1048576, description="Longest prompt in tokens.")
@@ -153,13 +187,9 @@ class Sampling(_Spec):
 
 
 class Speculation(_Spec):
-    model_config = ConfigDict(json_schema_extra=_rules(
-        ("self.mode in ['draft', 'eagle'] ? has(self.draftModel) : !has(self.draftModel)",
-         "speculation.draftModel is required by mode draft and eagle, and must be absent for none and promptLookup"),
-        ("self.promptLookupMin <= self.promptLookupMax",
-         "speculation.promptLookupMin must be <= speculation.promptLookupMax")))
+    model_config = ConfigDict(json_schema_extra=_shared(rules.DRAFT_MODEL, rules.PROMPT_LOOKUP))
 
-    mode: Literal["none", "draft", "eagle", "promptLookup"] = Field(
+    mode: rules.SpeculationMode = Field(
         "none", description="none | draft (a smaller draft model) | eagle (an EAGLE draft; Neuron runners) | "
         "promptLookup (n-grams of the request itself, no draft model).")
     draft_model: Optional[DraftModel] = Field(None, description="The draft model of mode draft or eagle.")
@@ -175,7 +205,7 @@ class CompileCache(_Spec):
         "compiles its graphs (torch.compile) only with a cache.", max_length=1024,
         json_schema_extra=_rules((f"self.matches(r'{CACHE_URL_PATTERN}')",
                                   "compileCache.url must be s3://bucket/prefix, pvc://claim/path or an absolute path")))
-    policy: Literal["IfNotCached", "Always", "Never"] = Field(
+    policy: CachePolicy = Field(
         "IfNotCached", description="IfNotCached: compile on a miss; Always: recompile; Never: serving pods never "
         "compile (a miss fails the pod).")
     sharded_weights: bool = Field(
@@ -295,7 +325,7 @@ class NeuronModelSpec(_Spec):
     ))
 
     model: ModelSpec = Field(description="The model to serve.")
-    framework: Literal["auto", "nxdi", "tnx", "torch"] = Field(
+    framework: Framework = Field(
         "auto", description="auto (NxDI if the image has it, else TNx) | nxdi | tnx (end of support upstream) | "
         "torch (the PyTorch reference runner, CPU).")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Tensor parallelism.")

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Literal, NoReturn, Optional, Sequence, get_args, get_origin
 
+from neuronmodel_runtime.artifacts.prepare import neuron_compile_cache
 from neuronmodel_runtime.config import (
     SETTINGS,
     ConfigError,
@@ -29,7 +30,6 @@ from neuronmodel_runtime.config import (
 from neuronmodel_runtime.fetch import FetchError, fetch
 from neuronmodel_runtime.frameworks import FrameworkError, detect_frameworks, report, select_framework
 from neuronmodel_runtime.runners.base import RunnerError
-from neuronmodel_runtime.runners.compiled_artifacts import neuron_compile_cache
 
 log = logging.getLogger("neuronmodel_runtime")
 
@@ -113,7 +113,7 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
     from neuronmodel_runtime.engine.async_engine import AsyncEngine
     from neuronmodel_runtime.engine.engine import Engine
     from neuronmodel_runtime.engine.speculation import build_speculation
-    from neuronmodel_runtime.engine.tokenizer import eos_token_ids, load_tokenizer
+    from neuronmodel_runtime.server.tokenizer import eos_token_ids, load_tokenizer
     from neuronmodel_runtime.runners.registry import create_runner
     from neuronmodel_runtime.sampling.defaults import generation_defaults
 
@@ -226,7 +226,7 @@ def _start(args: argparse.Namespace) -> Callable[[], int]:
     check_listen_address(config.server.host, config.server.port)
     engine = _load_engine(config, own_thread=False)
     from neuronmodel_runtime.server.app import create_app
-    from neuronmodel_runtime.server.runner import serve
+    from neuronmodel_runtime.server.drain import serve
 
     config = with_model_limits(config)  # as build_engine resolved it: /v1/info reports the lengths served
     return functools.partial(serve, create_app(engine, config), config)

@@ -17,10 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from neuronmodel_runtime.config import env as env_names
 from neuronmodel_runtime.releases import RELEASES, known, release_of, support_facts
 
 #: Set by the operator on serving pods and compile Jobs: the instance family (inf2, trn1, trn2) the pod runs on.
-INSTANCE_FAMILY_ENV = "NEURONMODEL_INSTANCE_FAMILY"
+INSTANCE_FAMILY_ENV = env_names.INSTANCE_FAMILY
 
 #: framework -> (import name, distribution name)
 PACKAGES = {
@@ -28,7 +29,7 @@ PACKAGES = {
     "tnx": ("transformers_neuronx", "transformers-neuronx"),
     "torch": ("torch", "torch"),
 }
-#: Other packages whose versions matter for Neuron (reported, and part of the compile-cache key later).
+#: Other packages whose versions matter for Neuron (reported, and part of the artifact key).
 RELATED = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc", "libneuronxla": "libneuronxla",
            "neuronx-distributed": "neuronx_distributed", "transformers": "transformers"}
 #: The Neuron runtime (libnrt) is a system package in the Neuron images (apt), not a Python one.

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from neuronmodel_runtime.artifacts.folder import install, staging, write_json
+
 #: Debian package -> a command it installs (present: nothing to do).
 PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc", "dpkg-dev": "dpkg-scanpackages"}
 
@@ -153,21 +155,19 @@ def files_digest(folder: Path, pattern: str) -> str:
 def filled_folder(folder: Path, fill: Callable[[Path], dict], siblings: str) -> dict:
     """`folder`'s manifest (MANIFEST inside), made first unless it is there, plus `path`, `cached` and `seconds`.
 
-    A miss: `fill(partial)` fills a fresh `<folder>.partial` and returns the manifest (with `digest` and `bytes`),
-    which is written last; the folder is renamed into place, then the other folders of the cache matching the
-    glob `siblings` (older keys of the same target) are removed. A crash leaves only a `.partial`, never a hit.
+    A miss: `fill(partial)` fills a fresh staging folder beside `folder` and returns the manifest (with `digest` and
+    `bytes`), which is written last; the folder is renamed into place (neuronmodel_runtime.artifacts.folder: complete
+    or absent), then the other folders of the cache matching the glob `siblings` (older keys of the same target) are
+    removed. A crash leaves only a staging folder (removed by the next build), never a hit.
     """
     folder = Path(folder)
     t0 = time.monotonic()
     manifest = folder / MANIFEST
     cached = manifest.exists()
     if not cached:
-        partial = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        manifest_of = fill(partial)
-        (partial / MANIFEST).write_text(json.dumps(manifest_of, indent=1))
-        partial.rename(folder)
+        with staging(folder) as partial:
+            write_json(partial / MANIFEST, fill(partial))
+            install(partial, folder, MANIFEST)
         for old in folder.parent.glob(siblings):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)

@@ -10,7 +10,7 @@ import time
 import pytest
 from kubernetes import client as kube
 
-from fake_hf_hub import FakeHub
+from runtime_tests.helpers.fake_hf_hub import FakeHub
 from k8s.operator_process import OperatorProcess
 from neuronmodel_operator import images
 from test_operator import TINY_SPEC, neuronmodel

@@ -562,7 +562,7 @@ def test_one_rule_places_sources_for_config_and_pod():
 
 
 @pytest.mark.parametrize("source, message", [
-    ("pvc://store/../../etc", "inside the claim"),
+    ("pvc://store/../../etc", r"the path '\.\./\.\./etc' has an empty, '\.' or '\.\.' part"),
     ("/tmp", "/tmp"),
     ("/", "mounted over"),
     ("/models", "/models"),

@@ -300,7 +300,7 @@ def test_the_device_top_k_rule_exempts_only_the_reference_runner(schema):
 
 
 def test_the_device_top_k_limit_is_the_runtimes():
-    from neuronmodel_runtime.runners.neuron_common import MAX_DEVICE_TOP_K
+    from neuronmodel_runtime.runners.device_sampling import MAX_DEVICE_TOP_K
 
     assert api.MAX_DEVICE_TOP_K == MAX_DEVICE_TOP_K
 

@@ -1,7 +1,7 @@
 """The operator's start-up check of the installed NeuronModel CRD (crd_check.py), without a cluster: an older CRD is
 refused with a message saying how to apply the new one; the same or a newer one passes.
 
-The operator exiting on a real control plane: tests/integration/test_crd_check.py.
+The operator exiting on a real control plane: tests/integration/test_crd_check_at_start.py.
 """
 
 from __future__ import annotations

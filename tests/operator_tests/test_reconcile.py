@@ -8,7 +8,7 @@ import json
 from typing import Optional
 
 import pytest
-from fake_hf_hub import FakeHub
+from runtime_tests.helpers.fake_hf_hub import FakeHub
 
 from neuronmodel_operator import api
 from neuronmodel_operator.k8s import ApiError

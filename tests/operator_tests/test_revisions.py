@@ -10,7 +10,7 @@ import socket
 from typing import Optional
 
 import pytest
-from fake_hf_hub import FakeHub
+from runtime_tests.helpers.fake_hf_hub import FakeHub
 
 from neuronmodel_operator import api, revisions
 

@@ -51,6 +51,10 @@ DOCUMENTED = {
 
 #: Non-default values that other fields' validators also accept (the generic choice would need a draft model).
 SAMPLES = {"speculation.mode": "promptLookup"}
+#: Other fields a sample needs by the rules across fields (config/rules.py): a draft model only with a draft mode,
+#: nodes that divide the TP degree.
+COMPANIONS = {"speculation.draft_model": {"speculation.mode": "draft"},
+              "parallelism.nodes": {"parallelism.tensor_parallel_degree": "2"}}
 #: Fields whose text is JSON: (raw string, the value it must produce).
 JSON_SAMPLES = {"neuron_config_overrides": ('{"fused_qkv": true, "cc_pipeline_tiling_factor": 2}',
                                             {"fused_qkv": True, "cc_pipeline_tiling_factor": 2})}
@@ -144,8 +148,11 @@ def test_a_name_clash_is_refused_when_the_table_is_built():
 def test_env_variable_and_flag_set_the_field(path):
     raw, expected = sample(path)
     setting = SETTINGS[path]
-    assert value_at(load_config(env={setting.env: raw}), path) == expected
-    assert value_at(flags_config(setting.flag, raw), path) == expected
+    companions = {SETTINGS[other]: value for other, value in COMPANIONS.get(path, {}).items()}
+    env = {setting.env: raw, **{other.env: value for other, value in companions.items()}}
+    flags = [setting.flag, raw, *(arg for other, value in companions.items() for arg in (other.flag, value))]
+    assert value_at(load_config(env=env), path) == expected
+    assert value_at(flags_config(*flags), path) == expected
 
 
 @pytest.mark.parametrize("raw, expected", [("false", False), ("0", False), ("no", False), ("true", True),

@@ -52,7 +52,7 @@ COVERED_ELSEWHERE = {
     "kubectl get nm": "tests/integration/test_operator.py",
     "kubectl scale nm tiny-torch --replicas=2": "tests/integration/test_operator.py",
     # the compile Job's command, on the NxDI fake with a filesystem store
-    "neuronmodel-runtime compile --config /etc/neuronmodel/config.json": "tests/runtime_tests/test_compile_job.py",
+    "neuronmodel-runtime compile --config /etc/neuronmodel/config.json": "tests/runtime_tests/artifacts/test_compile_job.py",
     # the chart: installed from a checkout and from the OCI registry `make chart` feeds, on the same control plane
     "helm install neuronmodel charts/neuronmodel-operator -n neuronmodel-system --create-namespace":
         "tests/integration/test_chart_install.py",

@@ -22,6 +22,7 @@ from neuronmodel_operator.api import SpecError
 from neuronmodel_operator.builders import dra, sizing, sources
 from neuronmodel_operator.builders.common import COMPONENT_COMPILE, COMPONENT_SERVER, Target, labels, selector
 from neuronmodel_operator.builders.configmap import DRAIN_TIMEOUT_S
+from neuronmodel_runtime.config import env as runtime_env
 
 Role = Literal["serve", "worker", "compile"]
 
@@ -82,14 +83,14 @@ def _secret_env(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:
 def _env(target: Target) -> list[dict[str, Any]]:
     env = []
     if target.spec.server.api_key_secret_ref is not None:
-        env.append(_secret_env("NEURONMODEL_API_KEY", target.spec.server.api_key_secret_ref))
+        env.append(_secret_env(runtime_env.API_KEY, target.spec.server.api_key_secret_ref))
     if target.resolved.instance_family is not None:  # part of the compiled artifacts' cache key (the target)
-        env.append({"name": api.ENV_INSTANCE_FAMILY, "value": target.resolved.instance_family})
+        env.append({"name": runtime_env.INSTANCE_FAMILY, "value": target.resolved.instance_family})
     if target.resolved.logical_core_config is not None:
-        env.append({"name": "NEURON_LOGICAL_NC_CONFIG", "value": str(target.resolved.logical_core_config)})
-    env += [{"name": "NEURONMODEL_CACHE", "value": CACHE_DIR},
+        env.append({"name": runtime_env.LOGICAL_NC_CONFIG, "value": str(target.resolved.logical_core_config)})
+    env += [{"name": runtime_env.CACHE, "value": CACHE_DIR},
             {"name": "HOME", "value": "/tmp"},
-            {"name": "NEURON_COMPILE_CACHE_URL", "value": NEURON_COMPILE_CACHE}]
+            {"name": runtime_env.NEURON_COMPILE_CACHE_URL, "value": NEURON_COMPILE_CACHE}]
     return env
 
 
@@ -187,7 +188,7 @@ def init_containers(target: Target) -> list[dict[str, Any]]:
         env = []
         token = target.spec.model.token_secret_ref
         if token is not None and placed.source.startswith("hf://"):
-            env.append(_secret_env("HF_TOKEN", token))
+            env.append(_secret_env(runtime_env.HF_TOKEN, token))
         env.append({"name": "HOME", "value": "/tmp"})
         init: dict[str, Any] = {"name": placed.init_name, "image": target.resolved.image,
                                 "command": list(placed.fetch), "env": env,

@@ -1,7 +1,8 @@
 """Where a model, a draft model or a compile cache is inside the pod: the one source -> volume rule.
 
 Both the RuntimeConfig (`configmap.py`: the paths the runtime reads) and the pod (`pod.py`: the volumes, mounts
-and download init containers that put them there) come from `source_mount`, so the two can never disagree.
+and download init containers that put them there) come from `source_mount`, so the two can never disagree. A
+source is parsed by the runtime's own grammar (neuronmodel_runtime.config.sources, also the CRD's CEL pattern).
 
 | source                   | in the pod                                                  | the runtime reads         |
 |--------------------------|-------------------------------------------------------------|---------------------------|
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from neuronmodel_operator.api import NeuronModelSpec, SpecError
+from neuronmodel_runtime.config.sources import SourceError, parse_source
 
 Role = Literal["model", "draft", "compile-cache"]
 
@@ -58,14 +60,18 @@ def source_mount(source: str, role: Role, revision: Optional[str] = None) -> Sou
     """Place `source` (a model source or compile-cache URL, as the spec has it) in the pod for `role`.
 
     Raises:
-        SpecError: a form CEL should have refused (hf:// as a cache), a pvc:// path that climbs out of its claim
-            (`..`), or a path that would hide one of the pod's own mounts.
+        SpecError: a source CEL should have refused (none of the forms, hf:// as a cache), or a path that would hide
+            one of the pod's own mounts.
     """
     field = _FIELDS[role]
     cache = role == "compile-cache"
-    if source.startswith(("hf://", "s3://")):
+    try:
+        parsed = parse_source(source)
+    except SourceError as exc:
+        raise SpecError(f"{field}: {exc}") from None
+    if parsed.needs_fetch:
         if cache:
-            if source.startswith("hf://"):
+            if parsed.scheme == "hf":
                 raise SpecError(f"{field}: hf:// cannot hold compiled artifacts; use s3://, pvc:// or a path")
             return SourceMount(source=source, path=source, volume=None, mount=None)
         dest = f"{MODELS_DIR}/{role}"
@@ -75,25 +81,19 @@ def source_mount(source: str, role: Role, revision: Optional[str] = None) -> Sou
         return SourceMount(source=source, path=dest, volume={"name": MODELS_VOLUME, "emptyDir": {}},
                            mount={"name": MODELS_VOLUME, "mountPath": MODELS_DIR, "readOnly": True},
                            fetch=command, init_name=f"fetch-{role}")
-    if source.startswith("pvc://"):
-        claim, _, sub = source.removeprefix("pvc://").partition("/")
-        root = f"/mnt/{role}"
-        path = posixpath.normpath(posixpath.join(root, sub)) if sub.strip("/") else root
-        if path != root and not path.startswith(root + "/"):
-            raise SpecError(f"{field}: the path after pvc://{claim}/ must stay inside the claim (no ..)")
+    if parsed.scheme == "pvc":
+        claim, root = parsed.location, f"/mnt/{role}"
+        path = f"{root}/{parsed.path}" if parsed.path else root  # the grammar has no empty, . or .. part
         volume = {"name": role, "persistentVolumeClaim": {"claimName": claim, **({} if cache else {"readOnly": True})}}
         mount = {"name": role, "mountPath": root, **({} if cache else {"readOnly": True})}
         return SourceMount(source=source, path=path, volume=volume, mount=mount)
-    if source.startswith("/"):
-        path = posixpath.normpath(source)
-        hidden = [p for p in RESERVED_PATHS if p == path or p.startswith(path.rstrip("/") + "/")]
-        if hidden:
-            raise SpecError(f"{field}: {path} would be mounted over the pod's own {hidden[0]}; use another path")
-        host_path = {"path": path, "type": "DirectoryOrCreate" if cache else "Directory"}
-        mount = {"name": role, "mountPath": path, **({} if cache else {"readOnly": True})}
-        return SourceMount(source=source, path=path, volume={"name": role, "hostPath": host_path}, mount=mount)
-    raise SpecError(f"{field}: {source!r} is not hf://org/name, s3://bucket/prefix, pvc://claim/path or an "
-                    "absolute path")
+    path = posixpath.normpath(parsed.location)
+    hidden = [p for p in RESERVED_PATHS if p == path or p.startswith(path.rstrip("/") + "/")]
+    if hidden:
+        raise SpecError(f"{field}: {path} would be mounted over the pod's own {hidden[0]}; use another path")
+    host_path = {"path": path, "type": "DirectoryOrCreate" if cache else "Directory"}
+    mount = {"name": role, "mountPath": path, **({} if cache else {"readOnly": True})}
+    return SourceMount(source=source, path=path, volume={"name": role, "hostPath": host_path}, mount=mount)
 
 
 def model_mount(spec: NeuronModelSpec) -> SourceMount:
@@ -101,9 +101,10 @@ def model_mount(spec: NeuronModelSpec) -> SourceMount:
 
 
 def draft_mount(spec: NeuronModelSpec) -> Optional[SourceMount]:
-    """The draft model of speculation modes draft and eagle; None otherwise."""
+    """The draft model; None without one. Only speculation modes draft and eagle take one: the RuntimeConfig
+    refuses it otherwise (rules.DRAFT_MODEL, as the CRD does)."""
     draft = spec.speculation.draft_model
-    if draft is None or spec.speculation.mode not in ("draft", "eagle"):
+    if draft is None:
         return None
     return source_mount(draft.source, "draft", draft.revision)
 

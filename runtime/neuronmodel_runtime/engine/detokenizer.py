@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
 #: Tokens of context decoded before the new ones, so merges and leading spaces come out right.
@@ -74,6 +74,27 @@ class IncrementalDetokenizer:
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return text[len(out) :]
+
+
+class _BackendDecoder:
+    """`decode` straight from a fast tokenizer's `tokenizers` backend."""
+
+    def __init__(self, backend: Any):
+        self._decode = backend.decode
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        return self._decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def text_decoder(tokenizer: Any) -> Any:
+    """What the detokenizer decodes with: a fast tokenizer's backend, where that gives the same text as
+    `tokenizer.decode` (no clean-up of spaces), else the tokenizer itself. Why: the step loop decodes twice per
+    token and stream; transformers' wrapper converts and checks its arguments on every call, three times the
+    backend's own cost (measured on SmolLM2: 2.9 us against 0.95 us)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return tokenizer
+    return _BackendDecoder(backend)
 
 
 def _decode(tokenizer: Decoder, ids: Sequence[int]) -> str:

@@ -6,11 +6,10 @@ import logging
 import time
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
-from neuronmodel_runtime.engine.detokenizer import Decoder, IncrementalDetokenizer, StopStringMatcher
+from neuronmodel_runtime.engine.detokenizer import Decoder, IncrementalDetokenizer, StopStringMatcher, text_decoder
 from neuronmodel_runtime.engine.outputs import FINISH_ERROR, EngineStats, RequestOutput
 from neuronmodel_runtime.engine.request import Request
 from neuronmodel_runtime.engine.scheduler import Scheduler
-from neuronmodel_runtime.engine.tokenizer import text_decoder
 from neuronmodel_runtime.engine.speculation import Speculation, speculative_decode
 from neuronmodel_runtime.runners.base import DecodeBatch, ModelRunner, PrefillBatch, StepOutput
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingParams

@@ -1,33 +1,17 @@
-"""The engine's data contracts: what the scheduler hands the runner step, and what a request's stream yields."""
+"""What a request's stream yields (its output increments, finish reasons, metrics) and the engine's stats."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from neuronmodel_runtime.runners.base import TokenLogprob
-
-if TYPE_CHECKING:
-    from neuronmodel_runtime.engine.request import Request
 
 #: Why a request ended (OpenAI's values plus vLLM's "abort" and our "error").
 FINISH_STOP = "stop"  # EOS, a stop token or a stop string
 FINISH_LENGTH = "length"  # max_tokens or max_model_len
 FINISH_ABORT = "abort"  # client disconnect, timeout or shutdown
 FINISH_ERROR = "error"  # the runner failed on this request's step
-
-
-@dataclass
-class SchedulerOutput:
-    """One engine step's plan, produced by `Scheduler.schedule()`."""
-
-    prefills: list["Request"] = field(default_factory=list)  # admitted this step, slots assigned, not yet prefilled
-    decodes: list["Request"] = field(default_factory=list)  # running requests that advance this step
-    aborted: list["Request"] = field(default_factory=list)  # finished by abort/timeout since the last step
-
-    @property
-    def empty(self) -> bool:
-        return not (self.prefills or self.decodes or self.aborted)
 
 
 @dataclass

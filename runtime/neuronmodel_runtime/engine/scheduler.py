@@ -10,10 +10,24 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Iterable
 
-from neuronmodel_runtime.engine.outputs import FINISH_ABORT, SchedulerOutput
+from neuronmodel_runtime.engine.outputs import FINISH_ABORT
 from neuronmodel_runtime.engine.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """One engine step's plan, produced by `Scheduler.schedule()`."""
+
+    prefills: list[Request] = field(default_factory=list)  # admitted this step, slots assigned, not yet prefilled
+    decodes: list[Request] = field(default_factory=list)  # running requests that advance this step
+    aborted: list[Request] = field(default_factory=list)  # finished by abort/timeout since the last step
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefills or self.decodes or self.aborted)
 
 
 class Scheduler:

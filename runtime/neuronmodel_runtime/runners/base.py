@@ -128,7 +128,7 @@ class ModelRunner(ABC):
 
     #: Framework name reported in /v1/info and metrics: "torch", "nxdi" or "tnx".
     framework: str = ""
-    #: After load() or compile(): the compiled artifacts (`compiled_artifacts.Artifacts`), None if it compiles nothing.
+    #: After load() or compile(): the compiled artifacts (`artifacts.prepare.Artifacts`), None if it compiles nothing.
     artifacts: Any = None
 
     @abstractmethod

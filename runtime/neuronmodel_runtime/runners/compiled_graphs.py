@@ -1,7 +1,8 @@
 """The reference model as fixed-shape compiled graphs, as Neuron compiles them (`RuntimeConfig.compile`).
 
 Neuron runs a model only in the shapes it was compiled for; so does `FixedShapeModel`, with `torch.compile`
-(inductor, `dynamic=False`, one full graph per shape) over the same `LlamaModel` weights and KV cache:
+(inductor, `dynamic=False`, one full graph per shape) over the same `LlamaModel` weights and KV cache, at the shapes
+`buckets.graph_shapes` lists:
 
 - decode: graphs at the full slot batch `[max_num_seqs, 1]`, row i in KV line i (NxDI's token generation), one per
   token-generation bucket: each attends over the first b positions of the lines only, and a step runs the smallest
@@ -10,8 +11,8 @@ Neuron runs a model only in the shapes it was compiled for; so does `FixedShapeM
   row (token 0) at its next free position, as the NxDI runner sends them: its own next step writes that position
   before anything reads it (see `_filler_position`); a filler past the bucket writes there all the same and reads
   nothing it keeps.
-- prefill: one graph per context-encoding bucket `[1, b]` (NxDI's rule, `context_buckets`: powers of two up to
-  max_context_length, from 128 on Neuron; from `PREFILL_MIN_BUCKET` here, where a chat prompt of a few dozen
+- prefill: one graph per context-encoding bucket `[1, b]` (NxDI's rule, `buckets.context_buckets`: powers of two up
+  to max_context_length, from 128 on Neuron; from `PREFILL_MIN_BUCKET` here, where a chat prompt of a few dozen
   tokens padded to 128 would cost four times its compute), one prompt per call, right-padded to the smallest bucket
   that holds it; up to BATCH_PREFILL_MAX_BUCKET also one graph `[max_num_seqs, b]` for prompts arriving together
   (NxDI compiles context encoding at batch 1: the reference runner goes further on the CPU);
@@ -23,137 +24,44 @@ Neuron runs a model only in the shapes it was compiled for; so does `FixedShapeM
 
 Every decode and verify graph attends over its bucket's part of the KV lines (`[slots, KV, b, hd]` read in place,
 masked by position), as a compiled Neuron graph does, where eager decoding reads only the positions written so far.
-The line is `max_model_len + k` long: a verify row writes k+1 positions (pads included) and a filler row's pads need
-room at the end of the line.
+The line is `max_model_len + k` long (`buckets.cache_length`): a verify row writes k+1 positions (pads included) and
+a filler row's pads need room at the end of the line.
 
-In float32 on the CPU the linear layers run on oneDNN with each weight packed once at load (`packed_linear`: twice
-the matmul speed of the default kernels at decode batch sizes there), and the attention over whole lines is written so
-that inductor fuses it into kernels reading each line once (`_line_attention`).
+In float32 on the CPU the linear layers run on oneDNN with each weight packed once at load (`packed_linear`), and the
+attention over whole lines is written so that inductor fuses it into kernels reading each line once
+(`_line_attention`).
 
 Sampling stays outside the graphs (`SlotSampler`): the graphs return logits. Each graph gets its own copy of the
 Python code object, so dynamo keeps exactly one compiled entry per graph (no recompile limit shared between
 graphs or models), and serving runs under `fail_on_recompile`: a shape that was not compiled at load is an error,
-never a silent compile.
-
-The compiled-graph artifacts are torch's portable compile-cache artifacts (`torch.compiler.save_cache_artifacts`),
-with the weights converted to the serving dtype beside them (`save_weights` / `load_weights`).
+never a silent compile. What is kept of a compile, and how a cache hit is told from a compile: `graph_artifacts`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
-import os
-import re
-import shutil
-import tarfile
 import time
 import types
-import weakref
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from neuronmodel_runtime.runners.llama import LayerWeights, LlamaConfig, LlamaModel, LlamaWeights, _rotate, rms_norm
+from neuronmodel_runtime.runners.buckets import (
+    PREFILL_MIN_BUCKET,
+    cache_length,
+    context_buckets,
+    generation_buckets,
+    graph_shapes,
+)
+from neuronmodel_runtime.runners.llama import LlamaModel, _rotate, rms_norm
+from neuronmodel_runtime.runners.packed_linear import can_pack, pack_weights, packed_linear
 
 log = logging.getLogger(__name__)
 
 #: The compiler's stance while serving: a call the compiled graphs do not cover raises instead of compiling.
 COMPILED_STANCE = "fail_on_recompile"
-#: NxDI's smallest context-encoding bucket (`generate_buckets(128, max_context_length)`).
-MIN_CONTEXT_BUCKET = 128
-#: Context buckets up to this size also get a full-batch prefill graph `[max_num_seqs, b]`: prompts arriving
-#: together are prefilled in one call when they fill more than half of it (measured on SmolLM2, float32, 2 cores:
-#: one [16, 64] call costs what 9 [1, 64] calls do; larger buckets are compute-bound, where batching gains little).
-BATCH_PREFILL_MAX_BUCKET = 128
-#: The compiled reference runner's smallest prefill bucket: prompts are padded to a power of two from here, so a
-#: 30-token chat prompt costs a 32-token prefill, not a 128-token one (measured on SmolLM2 at 16 concurrent chats:
-#: the prefills were 40% of the run's runner time at 128).
-PREFILL_MIN_BUCKET = 32
-
-
-def context_buckets(max_context_length: int, smallest: int = MIN_CONTEXT_BUCKET) -> list[int]:
-    """NxDI's context-encoding buckets (`modules/autobucketing.generate_buckets`): powers of two from `smallest`
-    below max_context_length, then max_context_length itself; just [max_context_length] when it is the smaller."""
-    if smallest >= max_context_length:
-        return [max_context_length]
-    low, high = int(math.log2(smallest)), round(math.log2(max_context_length))
-    return [2**i for i in range(low, high)] + [max_context_length]  # round: never [.., 512, 513]
-
-
-def generation_buckets(line_length: int) -> list[int]:
-    """The token-generation buckets over a KV line of `line_length` positions: NxDI's rule for
-    `token_generation_buckets` (`generate_buckets(128, max_length)`), the context buckets' rule over the line."""
-    return context_buckets(line_length)
-
-
-def graph_shapes(num_slots: int, max_context_length: int, line_length: int, verify_width: int) -> dict[str, list[int]]:
-    """Graph name -> the token shape it is compiled for: `decode_<b>` and `verify_<b>` per token-generation bucket b
-    (the KV positions they attend over), `prefill_<b>` per context bucket, and `batchprefill_<b>` (every slot's
-    row) per context bucket up to BATCH_PREFILL_MAX_BUCKET when there are several slots."""
-    lines = generation_buckets(line_length)
-    prompts = context_buckets(max_context_length, PREFILL_MIN_BUCKET)
-    shapes = {f"decode_{b}": [num_slots, 1] for b in lines}
-    shapes.update({f"prefill_{b}": [1, b] for b in prompts})
-    if num_slots > 1:
-        shapes.update({f"batchprefill_{b}": [num_slots, b] for b in prompts if b <= BATCH_PREFILL_MAX_BUCKET})
-    if verify_width:
-        shapes.update({f"verify_{b}": [num_slots, verify_width] for b in lines})
-    return shapes
-
-
-# --- linear layers on pre-packed weights (CPU) -----------------------------------------------------------------
-
-#: Weight (data_ptr, shape, stride, dtype) -> the same weight reordered for oneDNN, made by `pack_weights`.
-_PACKED: dict[tuple[Any, ...], torch.Tensor] = {}
-
-
-def _weight_key(weight: torch.Tensor) -> tuple[Any, ...]:
-    return (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), weight.dtype)
-
-
-@torch.library.custom_op("neuronmodel::linear", mutates_args=())
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`F.linear` on the oneDNN-packed copy of `weight` (`pack_weights`), or plain F.linear where it has none.
-
-    An opaque op to inductor, so the graph calls it with the dense weight and the packed copy is looked up here.
-    Why: in float32 at decode batch sizes, oneDNN on a packed weight reads it about twice as fast as the default
-    matmul (MKL) does on this project's CPU machines, and inductor packs weights only when it freezes them into the
-    graph as constants, which its FX-graph cache (our compiled artifact) does not hold.
-    """
-    packed = _PACKED.get(_weight_key(weight))
-    if packed is None:
-        return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-@packed_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN packing serves float32 on the CPU (the CPU quickstart's dtype); elsewhere the graphs use F.linear."""
-    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-
-
-def pack_weights(weights: LlamaWeights, batch_hint: int) -> int:
-    """Pack every matrix of `weights` for `packed_linear` (a second copy of each); returns the bytes packed. Each
-    entry goes when its dense weight is freed."""
-    matrices = [weights.lm_head] + [m for layer in weights.layers for m in (layer.qkv, layer.o, layer.gate_up,
-                                                                             layer.down)]
-    packed = 0
-    for matrix in matrices:
-        key = _weight_key(matrix)
-        if key not in _PACKED:
-            _PACKED[key] = torch.ops.mkldnn._reorder_linear_weight(matrix, batch_hint)
-            weakref.finalize(matrix, _PACKED.pop, key, None)
-            packed += matrix.numel() * matrix.element_size()
-    return packed
 
 
 @dataclass(frozen=True)
@@ -267,88 +175,6 @@ def _own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     `recompile_limit` of them): one code object per graph keeps every graph a single, first-try cache entry."""
     code = fn.__code__.replace(co_name=name)
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
-def compile_counters() -> dict[str, int]:
-    """Process-wide counts of dynamo graph compiles and inductor FX-graph / AOTAutograd cache hits and misses."""
-    from torch._dynamo.utils import counters
-
-    return {
-        "graphs": int(counters["stats"]["unique_graphs"]),
-        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
-        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
-        "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
-        "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
-    }
-
-
-def counters_since(before: dict[str, int]) -> dict[str, int]:
-    now = compile_counters()
-    return {name: now[name] - before.get(name, 0) for name in now}
-
-
-#: A C++ kernel in inductor's cache: `<2 characters of its key>/<key>[.main].so`.
-_KERNEL = re.compile(r"^[a-z0-9]{2}/[a-z0-9]+(\.[a-z]+)?\.so$")
-
-
-@contextlib.contextmanager
-def kernels_into(path: Path) -> Iterator[None]:
-    """Compile inside: in a fresh inductor cache, whose compiled C++ kernels end up in the tar file `path`.
-
-    torch's portable cache artifacts hold the graphs' generated code but not their compiled C++ kernels, which a
-    cache hit on another machine would build again (most of a CPU compile's time); these are shipped beside them.
-    A fresh cache, so that every kernel the graphs use is built here and lands in the file."""
-    from torch._inductor.utils import fresh_cache
-
-    with fresh_cache():
-        yield
-        root = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-        with tarfile.open(path, "w") as tar:
-            for kernel in sorted(root.glob("*/*.so")):
-                tar.add(kernel, arcname=kernel.relative_to(root).as_posix())
-
-
-def install_kernels(path: Path) -> int:
-    """Put the kernels of the tar file `path` (from `kernels_into`) into this process's inductor cache where they
-    are missing, so that the cached graphs load without running the C++ compiler; returns how many it put there.
-
-    Raises:
-        ValueError: the file holds something else than kernels.
-    """
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    root = Path(cache_dir())
-    installed = 0
-    with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            if not member.isfile() or not _KERNEL.match(member.name):
-                raise ValueError(f"{path}: {member.name!r} is not a compiled kernel")
-            target = root / member.name
-            if target.exists():
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-            source = tar.extractfile(member)
-            assert source is not None
-            with source, partial.open("wb") as out:
-                shutil.copyfileobj(source, out)
-            partial.chmod(0o755)
-            os.replace(partial, target)  # whole or absent, for a concurrent process
-            installed += 1
-    return installed
-
-
-@contextlib.contextmanager
-def scoped_cache_artifacts() -> Iterator[None]:
-    """Inside, `torch.compiler.save_cache_artifacts()` returns only what was compiled (or loaded) inside: one
-    runner's artifacts, not every graph this process ever compiled (a private torch API; without it, all)."""
-    try:
-        from torch.compiler._cache import CacheArtifactManager
-    except ImportError:  # pragma: no cover - older or newer torch
-        yield
-        return
-    with CacheArtifactManager.with_fresh_cache():
-        yield
 
 
 class FixedShapeModel:
@@ -568,72 +394,4 @@ class FixedShapeModel:
         return min(self._next.get(slot, 0), self.max_model_len - 1)
 
 
-def compile_target(device: torch.device) -> str:
-    """What the generated code is specialised for beyond the device type: the CPU's vector ISA (inductor's C++
-    kernels), or the GPU's compute capability. Artifacts made for another one would be cache misses: a compile."""
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        return f"sm_{major}{minor}"
-    return torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else device.type
-
-
-def cache_length(max_model_len: int, verify_width: int) -> int:
-    """KV positions per line the graphs need: max_model_len, plus k scratch positions for a verify row's pads."""
-    return max_model_len + max(verify_width - 1, 0)
-
-
-# --- converted weights -----------------------------------------------------------------------------------------
-
-_LAYER_FIELDS = ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down")
-
-
-def save_weights(path: Path, weights: LlamaWeights) -> None:
-    """The fused weights, in their serving dtype, as one safetensors file (a tied LM head is stored once)."""
-    from safetensors.torch import save_file
-
-    tensors: dict[str, torch.Tensor] = {"embed": weights.embed, "norm": weights.norm}
-    tied = weights.lm_head is weights.embed
-    if not tied:
-        tensors["lm_head"] = weights.lm_head
-    for i, layer in enumerate(weights.layers):
-        for name in _LAYER_FIELDS:
-            value = getattr(layer, name)
-            if value is not None:
-                tensors[f"layers.{i}.{name}"] = value
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path),
-              metadata={"tied_lm_head": str(tied).lower(), "layers": str(len(weights.layers))})
-
-
-def load_weights(path: Path, config: LlamaConfig, device: torch.device, dtype: torch.dtype) -> LlamaWeights:
-    """What `save_weights` wrote, onto `device`.
-
-    Raises:
-        OSError: unreadable.
-        ValueError: the file does not hold this model's weights in `dtype`.
-    """
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            meta = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
-    except OSError:
-        raise
-    except Exception as exc:  # safetensors' SafetensorError: not a (complete) safetensors file
-        raise ValueError(f"{path} is not a safetensors file ({exc})") from exc
-    if int(meta.get("layers", -1)) != config.num_layers or tensors["embed"].dtype != dtype:
-        raise ValueError(f"{path} holds {meta.get('layers')} layers in {tensors['embed'].dtype}, not "
-                         f"{config.num_layers} in {dtype}")
-    on = {name: t.to(device) for name, t in tensors.items()}
-    layers = [LayerWeights(**{name: on.get(f"layers.{i}.{name}") for name in _LAYER_FIELDS})
-              for i in range(config.num_layers)]
-    embed = on["embed"]
-    head = embed if meta.get("tied_lm_head") == "true" else on["lm_head"]
-    return LlamaWeights(embed=embed, layers=layers, norm=on["norm"], lm_head=head)
-
-
-__all__ = ["BATCH_PREFILL_MAX_BUCKET", "COMPILED_STANCE", "FixedShapeModel", "MIN_CONTEXT_BUCKET",
-           "PREFILL_MIN_BUCKET", "Traced", "cache_length", "can_pack", "compile_counters", "compile_target",
-           "context_buckets", "counters_since", "generation_buckets", "graph_shapes", "install_kernels",
-           "kernels_into", "load_weights", "pack_weights", "packed_linear", "save_weights",
-           "scoped_cache_artifacts"]
+__all__ = ["COMPILED_STANCE", "FixedShapeModel", "Traced"]

@@ -7,15 +7,16 @@ each release (tests/runtime_tests/fake_neuron/) that enforce the library's rules
 
 How NxDI is driven (as vLLM's NxDI integration, PR #16357 and the fix #18279, and vllm-neuron 0.2-0.5 drive it):
 
-- one `NeuronConfig` from the RuntimeConfig (`neuron_config_kwargs`, pure): batch_size = slots, continuous batching
+- one `NeuronConfig` from the RuntimeConfig (`nxdi_config.py`, pure): batch_size = slots, continuous batching
   with ctx_batch_size 1, dynamic on-device sampling unless `sampling.on_device` is false; `InferenceConfig` through
   the model class's own config class and `load_pretrained_config`; the model class from NxDI's `MODEL_TYPES`.
-- the model class: text-only causal LMs only (NOT_TEXT_ONLY: mllama and the image-to-text classes are refused);
-  a model_type the release's MODEL_TYPES lacks may still have a class of that release (FALLBACK_CLASSES: Mistral on
-  the Llama class before 0.9, Qwen2's own class on 0.4). `neuron_config_overrides` are merged last into the
-  NeuronConfig kwargs (as vLLM's override_neuron_config), so they are part of the artifacts' key; a key the
-  installed NeuronConfig does not keep is refused (NxDI itself only logs it), as is one the runner derives.
-- compile once into an artifacts folder (`compiled_artifacts.prepare_artifacts`: found there, fetched from the
+- the model class (`nxdi_models.py`): text-only causal LMs only (NOT_TEXT_ONLY: mllama and the image-to-text
+  classes are refused); a model_type the release's MODEL_TYPES lacks may still have a class of that release
+  (FALLBACK_CLASSES: Mistral on the Llama class before 0.9, Qwen2's own class on 0.4). `neuron_config_overrides` are
+  merged last into the NeuronConfig kwargs (as vLLM's override_neuron_config), so they are part of the artifacts'
+  key; a key the installed NeuronConfig does not keep is refused (NxDI itself only logs it), as is one the runner
+  derives.
+- compile once into an artifacts folder (`artifacts.prepare.prepare_artifacts`: found there, fetched from the
   shared store, or compiled and stored), then `cls(folder)`, the checkpoint paths rebound to this host's
   (`rebind_checkpoints`: NxDI shards the weights at load from the path it compiled from), and `load(folder)`: the
   loaded `neuron_config.json` is what serves, so the capacity is read back from it. Up to 0.6 a fused instance
@@ -44,17 +45,15 @@ How NxDI is driven (as vLLM's NxDI integration, PR #16357 and the fix #18279, an
 from __future__ import annotations
 
 import copy
-import importlib
-import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from neuronmodel_runtime.config import RuntimeConfig
+from neuronmodel_runtime.artifacts.prepare import Artifacts, ArtifactsError, prepare_artifacts
+from neuronmodel_runtime.config import RuntimeConfig, read_model_config
 from neuronmodel_runtime.releases import parse_version, release_of
 from neuronmodel_runtime.runners.base import (
     DecodeBatch,
@@ -66,25 +65,15 @@ from neuronmodel_runtime.runners.base import (
     StepOutput,
     check_slots,
 )
-from neuronmodel_runtime.runners.compiled_artifacts import Artifacts, prepare_artifacts
-from neuronmodel_runtime.runners.neuron_common import (
-    aws_support,
-    check_device_top_k,
-    first_tokens,
-    import_library,
-    read_model_config,
-    refuse_managed_overrides,
-    release_warning,
-    sampling_capabilities,
-)
+from neuronmodel_runtime.runners.device_sampling import check_device_top_k, first_tokens, sampling_capabilities
+from neuronmodel_runtime.runners.neuron_library import aws_support, import_library, release_warning
+from neuronmodel_runtime.runners.nxdi_config import neuron_config_kwargs, speculation_length, unknown_overrides
+from neuronmodel_runtime.runners.nxdi_models import decoder_class, is_eagle3_draft, model_class, sliding_window_error
 from neuronmodel_runtime.runners.slot_sampler import SlotSampler
 from neuronmodel_runtime.sampling.params import GREEDY, RowSampling
 from neuronmodel_runtime.sampling.tensors import sampling_tensor
 
 log = logging.getLogger(__name__)
-
-#: RuntimeConfig.dtype -> NeuronConfig.torch_dtype ("auto" is bfloat16 on Neuron, NxDI's own default).
-TORCH_DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
 
 @dataclass(frozen=True)
@@ -105,95 +94,6 @@ class Release:
         return self.minor >= (0, 7)
 
 
-def speculation_length(config: RuntimeConfig) -> int:
-    """NxDI's speculation_length for our k drafts: one step emits up to k+1 tokens (0 without fused speculation)."""
-    spec = config.speculation
-    return spec.num_speculative_tokens + 1 if spec.mode in ("draft", "eagle") else 0
-
-
-#: The logical NeuronCore config of the node (trn2: 1 or 2), set by the operator; NxDI reads it before any kwarg.
-LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
-
-
-def neuron_config_kwargs(config: RuntimeConfig, eagle3: bool = False,
-                         env: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """The NeuronConfig keyword arguments of this RuntimeConfig (pure; the desired compiled shape).
-
-    The compiled sequence is max_model_len + k long: a fused step writes k positions past a row's last token
-    even when only its first token is kept, so the last k positions of a line are scratch. Every kwarg here exists
-    with the same meaning in every release 0.3-0.10 (`models/config.py`), except is_eagle3 (0.7+), which `load`
-    refuses on older releases rather than let NxDI ignore it. The logical NeuronCore config comes from
-    $NEURON_LOGICAL_NC_CONFIG (which NxDI would read anyway): passed explicitly, it is part of the artifacts' digest,
-    since it changes the compiled graphs.
-    """
-    s = speculation_length(config)
-    kwargs: dict[str, Any] = {
-        "tp_degree": config.parallelism.tensor_parallel_degree,
-        "batch_size": config.max_num_seqs,
-        "ctx_batch_size": 1,  # one prompt per context-encoding call
-        "tkg_batch_size": config.max_num_seqs,
-        "max_batch_size": config.max_num_seqs,
-        "is_continuous_batching": True,  # seq_ids name the KV lines
-        "max_context_length": config.max_context_length,
-        "seq_len": config.max_model_len + max(s - 1, 0),
-        "torch_dtype": TORCH_DTYPES[config.dtype],
-        "padding_side": "right",
-        "enable_bucketing": True,  # NxDI buckets powers of two up to max_context_length / seq_len
-        # weights/tp{r}_sharded_checkpoint.safetensors in the artifacts, or sharded from the checkpoint at load (the
-        # default flipped between releases: always passed, so the artifacts' digest says which)
-        "save_sharded_checkpoint": config.compile_cache.sharded_weights,
-    }
-    if config.sampling.on_device:
-        # dynamic: per-row params from the [B, 3] tensor; without it NxDI takes the argmax and ignores them. Fused
-        # speculation verifies by argmax and refuses do_sample at compile: greedy there.
-        sampled = not s
-        kwargs["on_device_sampling_config"] = {
-            "dynamic": sampled, "do_sample": sampled, "deterministic": False,
-            "global_topk": config.sampling.global_top_k,
-        }
-    if s:
-        kwargs.update(speculation_length=s, enable_fused_speculation=True)
-        if config.speculation.mode == "eagle":
-            kwargs["enable_eagle_speculation"] = True
-            if eagle3:
-                kwargs["is_eagle3"] = True
-    if env.get(LNC_ENV):
-        if env[LNC_ENV] not in ("1", "2"):
-            raise RunnerError(f"{LNC_ENV}={env[LNC_ENV]!r}: the logical NeuronCore config is 1 or 2")
-        kwargs["logical_nc_config"] = int(env[LNC_ENV])
-    nodes = config.parallelism.nodes
-    if nodes > 1:
-        kwargs["local_ranks_size"] = config.parallelism.tensor_parallel_degree // nodes
-    refuse_managed_overrides(config.neuron_config_overrides, MANAGED_KEYWORDS)
-    return {**kwargs, **copy.deepcopy(config.neuron_config_overrides)}  # last, as vLLM's override_neuron_config
-
-
-#: NeuronConfig keywords the runner derives from RuntimeConfig fields (keyword -> the field): the slot contract
-#: depends on their values, so neuron_config_overrides may not set them.
-MANAGED_KEYWORDS = {
-    "tp_degree": "parallelism.tensor_parallel_degree", "local_ranks_size": "parallelism.nodes",
-    "start_rank_id": "parallelism.nodes", **dict.fromkeys(
-        ("batch_size", "ctx_batch_size", "tkg_batch_size", "max_batch_size", "kv_cache_batch_size",
-         "is_continuous_batching"), "max_num_seqs"),
-    "max_context_length": "max_context_length",
-    **dict.fromkeys(("seq_len", "max_length", "n_positions", "max_new_tokens"), "max_model_len"),
-    "torch_dtype": "dtype", "padding_side": "the runner (right padding)",
-    "save_sharded_checkpoint": "compile_cache.sharded_weights",
-    "on_device_sampling_config": "sampling.on_device and sampling.global_top_k",
-    **dict.fromkeys(("speculation_length", "enable_fused_speculation", "enable_eagle_speculation", "is_eagle3"),
-                    "speculation.mode and speculation.num_speculative_tokens"),
-    "logical_nc_config": f"${LNC_ENV} (the operator's parallelism.logicalCoreConfig)",
-    "output_logits": "the runner (it reads tokens, or the last position's logits)",
-}
-
-
-def unknown_overrides(neuron_config: Any, overrides: Mapping[str, Any]) -> list[str]:
-    """The overrides a release's NeuronConfig did not take: NxDI pops every keyword it knows into an attribute of
-    the same name and only logs the rest ("Unexpected keyword arguments"), so a key it lacks would silently do
-    nothing."""
-    return sorted(key for key in overrides if not hasattr(neuron_config, key))
-
-
 def load_ranks(config: RuntimeConfig, node_rank: int) -> dict[str, Optional[int]]:
     """`load()`'s start_rank_id / local_ranks_size: node n of a multi-node group loads ranks n*L .. n*L+L-1."""
     nodes = config.parallelism.nodes
@@ -201,88 +101,6 @@ def load_ranks(config: RuntimeConfig, node_rank: int) -> dict[str, Optional[int]
         return {"start_rank_id": None, "local_ranks_size": None}
     local = config.parallelism.tensor_parallel_degree // nodes
     return {"start_rank_id": node_rank * local, "local_ranks_size": local}
-
-
-def is_eagle3_draft(draft_path: Path) -> bool:
-    """EAGLE3 draft checkpoints name an Eagle3 architecture in their config.json (e.g. LlamaForCausalLMEagle3)."""
-    try:
-        raw = json.loads((draft_path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return any("eagle3" in str(a).lower() for a in raw.get("architectures") or ())
-
-
-#: NxDI model types the runner refuses although NxDI has a causal-LM class for them: the slot contract drives
-#: text-only `NeuronBaseForCausalLM`s, and these take images.
-NOT_TEXT_ONLY = {
-    "mllama": "Llama 3.2 Vision: its forward needs pixel values, aspect ratios and a vision mask with each prompt",
-    **dict.fromkeys(("llama4", "pixtral", "qwen2_vl", "qwen3_vl"),
-                    "an image-to-text model in NxDI: its config takes a text and a vision NeuronConfig "
-                    "(ImageToTextInferenceConfig) and its forward image inputs"),
-}
-
-#: Checkpoints a release's MODEL_TYPES does not list that a class of the same release serves exactly:
-#: model_type -> (module, class, what serves it, why a release without that class cannot). NxDI lists mistral
-#: from 0.9 (ef2731e) and qwen2 from 0.5 (f9e99f9).
-FALLBACK_CLASSES = {
-    # Mistral is Llama's architecture plus a sliding window, which the Llama class lacks (see sliding_window_error)
-    "mistral": ("neuronx_distributed_inference.models.llama.modeling_llama", "NeuronLlamaForCausalLM",
-                "the Llama class, as vLLM serves Mistral on NxDI releases without a Mistral class", ""),
-    "qwen2": ("neuronx_distributed_inference.models.qwen2.modeling_qwen2", "NeuronQwen2ForCausalLM",
-              "models/qwen2, which ships (2c46add, 0.4) before MODEL_TYPES lists it",
-              " (no models/qwen2 before 0.4, and the Llama class cannot stand in: its attention has one bias flag "
-              "for q/k/v and o, attention_bias, so Qwen2's q/k/v biases would be dropped)"),
-}
-
-
-def model_class(model_types: dict[str, dict[str, Any]], model_type: str, version: str) -> Any:
-    """NxDI's causal-LM class for a checkpoint's model_type: from NxDI's own registry (`utils/constants.py`
-    MODEL_TYPES), else FALLBACK_CLASSES where the release has the class; multimodal types are refused."""
-    if model_type in NOT_TEXT_ONLY:
-        raise RunnerError(f"model_type {model_type!r} is {NOT_TEXT_ONLY[model_type]}; the nxdi runner serves "
-                          "text-only causal LMs: serve its text-only checkpoint, or the model with vLLM Neuron")
-    entry = model_types.get(model_type, {})
-    if "causal-lm" in entry:
-        return entry["causal-lm"]
-    module, name, how, why_not = FALLBACK_CLASSES.get(model_type, ("", "", "", ""))
-    if module:
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except ImportError:
-            cls = None
-        if cls is not None:
-            log.info("NxDI %s lists no %s class: serving it with %s", version, model_type, how)
-            return cls
-    supported = sorted(k for k, v in model_types.items() if "causal-lm" in v and k not in NOT_TEXT_ONLY)
-    raise RunnerError(
-        f"model_type {model_type!r} is not supported by NxDI {version}{why_not} (it serves: {', '.join(supported)}); "
-        "serve it with another NxDI release, framework tnx, or framework torch"
-    )
-
-
-def sliding_window_error(model_type: str, cls: Any, raw: Mapping[str, Any], max_model_len: int) -> Optional[str]:
-    """Why the Llama class cannot serve this Mistral checkpoint (None when it can): it attends over the whole
-    sequence, so a sliding window shorter than max_model_len would change what the model computes."""
-    window = raw.get("sliding_window")
-    if model_type != "mistral" or "Mistral" in cls.__name__ or not window or window >= max_model_len:
-        return None
-    return (f"this NxDI serves Mistral with its Llama class, which has no sliding window, and the checkpoint's "
-            f"sliding_window is {window} < max_model_len {max_model_len}: set max_model_len to {window} or less, "
-            "or use NxDI 0.9 or later (its Mistral class)")
-
-
-#: Each NxDI application class's own decoder class (`_model_cls`), as first seen. NxDI 0.3-0.6 replace the class
-#: attribute with NeuronFusedSpecModel when a fused-speculation instance is built (model_base.py,
-#: `self.__class__._model_cls = NeuronFusedSpecModel`; per instance from 0.7, fcb5a86), after which the draft's
-#: worker class and any later plain instance of the class in the process would get the fused module.
-_DECODER_CLASSES: dict[Any, Any] = {}
-
-
-def decoder_class(cls: Any) -> Any:
-    """The class's own decoder class, restored on the class before it is instantiated again (a no-op from 0.7)."""
-    decoder = _DECODER_CLASSES.setdefault(cls, cls._model_cls)
-    cls._model_cls = decoder
-    return decoder
 
 
 def device_sampling_tensor(rows: Sequence[RowSampling], global_top_k: int) -> torch.Tensor:
@@ -399,7 +217,7 @@ class NxdiRunner(ModelRunner):
         from neuronx_distributed_inference.utils.constants import MODEL_TYPES
         from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-        raw = read_model_config(self.model_path, "model")
+        raw = read_model_config(self.model_path)
         model_type = str(raw.get("model_type"))
         cls = model_class(MODEL_TYPES, model_type, version)
         window = sliding_window_error(model_type, cls, raw, cfg.max_model_len)
@@ -428,8 +246,11 @@ class NxdiRunner(ModelRunner):
             decoder_class(cls)
             cls(str(self.model_path), config).compile(str(folder))
 
-        self.artifacts = prepare_artifacts(cfg, self.model_path, "nxdi", version,
-                                           {"neuron_config": kwargs, "model_type": model_type}, compile_into)
+        try:
+            self.artifacts = prepare_artifacts(cfg, self.model_path, "nxdi", version,
+                                               {"neuron_config": kwargs, "model_type": model_type}, compile_into)
+        except ArtifactsError as exc:
+            raise RunnerError(str(exc)) from exc
         return cls, kwargs
 
     def _draft_path(self) -> Optional[Path]:
@@ -572,7 +393,6 @@ class NxdiRunner(ModelRunner):
         self.sampler.clear()
 
 
-__all__ = ["FALLBACK_CLASSES", "MANAGED_KEYWORDS", "NOT_TEXT_ONLY", "NxdiRunner", "Release", "decoder_class",
-           "device_sampling_tensor", "full_batch", "fused_step_tokens", "load_ranks", "model_class",
-           "neuron_config_kwargs", "prompt_inputs", "rebind_checkpoints", "sliding_window_error",
-           "speculation_length", "unknown_overrides"]
+__all__ = ["NxdiRunner", "Release", "device_sampling_tensor", "full_batch", "fused_step_tokens", "load_ranks",
+           "prompt_inputs", "rebind_checkpoints"]
+

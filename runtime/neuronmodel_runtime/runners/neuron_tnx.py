@@ -9,17 +9,18 @@ How TNx is driven (as vLLM's TNx loader and runner of PR #16357 drive it, with t
 
 - the model class comes from TNx's own registry, `modeling_auto.NEURON_MODEL_FOR_CAUSAL_LM_MAPPING`, by the
   checkpoint's `model_type`, target and draft alike, for the types the runner serves: llama, code_llama, mistral,
-  mixtral. The registry's others are refused at load (`UNSERVED_MODEL_TYPES` says why, per family: gptj and gpt_neox
-  have no save/load and take `cache_offset`; bloom and opt fail continuous batching's context encoding; gpt2's
-  forward has no continuous batching). `cls.from_pretrained(path, batch_size=slots, tp_degree, amp,
-  n_positions=[seq], context_length_estimate=[context buckets], neuron_config=NeuronConfig(...))`. `NeuronConfig`
-  asserts it knows every keyword (config.py); continuous batching needs `batch_size_for_shared_caches == batch_size`
-  (module.py) and forces right padding, so cache ids are 2D `[rows, tokens]`.
+  mixtral (`tnx_models.py`). The registry's others are refused at load (`UNSERVED_MODEL_TYPES` says why, per
+  family: gptj and gpt_neox have no save/load and take `cache_offset`; bloom and opt fail continuous batching's
+  context encoding; gpt2's forward has no continuous batching). `cls.from_pretrained(path, batch_size=slots,
+  tp_degree, amp, n_positions=[seq], context_length_estimate=[context buckets], neuron_config=NeuronConfig(...))`,
+  the context buckets by TNx's own power-of-two rule (`buckets.tnx_buckets`). `NeuronConfig` asserts it knows every
+  keyword (config.py); continuous batching needs `batch_size_for_shared_caches == batch_size` (module.py) and forces
+  right padding, so cache ids are 2D `[rows, tokens]`.
 - `neuron_config_overrides` (vLLM's override_neuron_config) are merged last into the target's NeuronConfig keywords
-  (the draft gets none, as in vLLM's TNx loader), so they are part of the compiled artifacts' key. Keywords the
-  runner derives from RuntimeConfig fields are refused (`MANAGED_KEYWORDS`); a JSON object is built into TNx's
-  config object for quant and kv_cache_quant and refused for any other keyword; a keyword or value TNx refuses is a
-  load error naming it, before any compile.
+  (the draft gets none, as in vLLM's TNx loader), so they are part of the compiled artifacts' key (`tnx_config.py`).
+  Keywords the runner derives from RuntimeConfig fields are refused (`MANAGED_KEYWORDS`); a JSON object is built
+  into TNx's config object for quant and kv_cache_quant and refused for any other keyword; a keyword or value TNx
+  refuses is a load error naming it, before any compile.
 - compiled artifacts: `load(folder)` only records the folder and `to_neuron()` then reads the NEFFs (base.py); a
   first start runs `to_neuron()` (compiles) and then `save(folder)` (save needs the compiled kernels). Target and draft
   save separately; the fused speculator has no save/load in 0.13 and is rebuilt at every start (the Neuron
@@ -64,15 +65,14 @@ How TNx is driven (as vLLM's TNx loader and runner of PR #16357 drive it, with t
 
 from __future__ import annotations
 
-import copy
-import inspect
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
-from neuronmodel_runtime.config import RuntimeConfig
+from neuronmodel_runtime.artifacts.prepare import Artifacts, ArtifactsError, prepare_artifacts
+from neuronmodel_runtime.config import RuntimeConfig, read_model_config
 from neuronmodel_runtime.frameworks import TNX_DEPRECATION
 from neuronmodel_runtime.releases import release_of
 from neuronmodel_runtime.runners.base import (
@@ -85,81 +85,27 @@ from neuronmodel_runtime.runners.base import (
     StepOutput,
     check_slots,
 )
-from neuronmodel_runtime.runners.compiled_artifacts import Artifacts, prepare_artifacts
-from neuronmodel_runtime.runners.neuron_common import (
-    aws_support,
-    check_device_top_k,
-    first_tokens,
-    import_library,
-    read_model_config,
-    refuse_managed_overrides,
-    release_warning,
-    sampling_capabilities,
-)
+from neuronmodel_runtime.runners.buckets import tnx_buckets
+from neuronmodel_runtime.runners.device_sampling import check_device_top_k, first_tokens, sampling_capabilities
+from neuronmodel_runtime.runners.neuron_library import aws_support, import_library, release_warning
 from neuronmodel_runtime.runners.slot_sampler import SlotSampler
+from neuronmodel_runtime.runners.tnx_config import (
+    AMP,
+    GREEDY_LINE,
+    build_neuron_config,
+    device_top_k,
+    neuron_config_kwargs,
+    sequence_length,
+)
+from neuronmodel_runtime.runners.tnx_models import model_class
 from neuronmodel_runtime.sampling.params import RowSampling
 
 log = logging.getLogger(__name__)
 
 #: transformers-neuronx's end of support (AWS Neuron SDK announcement).
 END_OF_SUPPORT = "2025-09-16"
-#: RuntimeConfig.dtype -> TNx `amp` ("auto" is bfloat16 on Neuron).
-AMP = {"auto": "bf16", "bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 #: Speculation output padding: TNx overwrites every token equal to its pad_token_id, so it must be no token id.
 PAD_TOKEN_ID = -1
-#: The smallest context-encoding bucket; buckets double from it up to max_context_length.
-FIRST_CONTEXT_BUCKET = 128
-#: A line's sampling on the device: (top_k, top_p, temperature); greedy is top_k 1.
-GREEDY_LINE = (1, 1.0, 1.0)
-#: The model types of TNx's registry (modeling_auto.py) the runner drives: their classes (llama/model.py, which
-#: code_llama maps to; mistral/model.py; mixtral/model.py) are base.NeuronModelBase models (save/load of compiled
-#: artifacts) with forward(input_ids, cache_ids, start_ids) and continuous batching (context_batch_sizes [1]).
-SERVED_MODEL_TYPES = ("code_llama", "llama", "mistral", "mixtral")
-#: Why each other model type of the 0.13 registry is not served (src/transformers_neuronx at 1ade6d7).
-UNSERVED_MODEL_TYPES = {
-    "gptj": "GPTJForSampling (gptj/model.py) is a module.PretrainedModel: no save/load of compiled artifacts, and "
-            "its forward takes cache_offset, not per-row cache_ids and start_ids (no continuous batching)",
-    "gpt_neox": "GPTNeoXForSampling (gptneox/model.py) is a module.PretrainedModel: no save/load of compiled "
-                "artifacts, and its forward takes cache_offset, not per-row cache_ids and start_ids (no continuous "
-                "batching)",
-    "bloom": "BloomForSampling (bloom/model.py) sets no context_batch_sizes, so continuous batching's context "
-             "encoding fails (base.py _context_dynamic_batching: \"doesn't support dynamic batching\")",
-    "opt": "OPTForSampling (opt/model.py) sets no context_batch_sizes, so continuous batching's context encoding "
-           "fails (base.py _context_dynamic_batching: \"doesn't support dynamic batching\")",
-    "gpt2": "GPT2ForSamplingWithContextBroadcasting (gpt2/model.py) has no continuous batching: its forward never "
-            "maps start_ids to KV lines (no base.py _preprocess) but takes them as a padding offset",
-}
-#: NeuronConfig keywords the runner derives from RuntimeConfig fields (keyword -> the field): the slot contract
-#: depends on their values, so neuron_config_overrides may not set them.
-MANAGED_KEYWORDS = {
-    "continuous_batching": "max_num_seqs",
-    "on_device_generation": "sampling.on_device and sampling.global_top_k",
-    **dict.fromkeys(("on_device_embedding", "is_eagle_target", "is_eagle_draft", "has_pre_attention_norm"),
-                    "speculation.mode"),
-    # they change the output's shape: the runner reads one token, or one row of logits, per line
-    **dict.fromkeys(("output_all_logits", "log_softmax_scores"), "the runner (one output per line)"),
-}
-#: NeuronConfig keywords that take a config object, and its class in config.py: a JSON object given for one of
-#: them is built into that class, as vLLM's TNx loader builds them (it builds sparse_attn's SparseAttnConfig too; the
-#: runner does not, so a JSON object for sparse_attn, or any other keyword, is refused).
-CONFIG_OBJECTS = {"continuous_batching": "ContinuousBatchingConfig", "on_device_generation": "GenerationConfig",
-                  "quant": "QuantizationConfig", "kv_cache_quant": "KVCacheQuantizationConfig"}
-
-
-def context_buckets(max_context_length: int) -> list[int]:
-    """The context-encoding buckets: powers of two from 128 below max_context_length, then max_context_length (a
-    prompt is padded to the smallest bucket that holds it; the largest is the longest prompt served)."""
-    buckets, size = [], FIRST_CONTEXT_BUCKET
-    while size < max_context_length:
-        buckets.append(size)
-        size *= 2
-    return buckets + [max_context_length]
-
-
-def sequence_length(config: RuntimeConfig) -> int:
-    """The compiled n_positions: max_model_len, plus k scratch positions that a fused step writes past a row."""
-    spec = config.speculation
-    return config.max_model_len + (spec.num_speculative_tokens if spec.mode in ("draft", "eagle") else 0)
 
 
 def chain_token_tree(k: int) -> dict[int, list[int]]:
@@ -168,79 +114,11 @@ def chain_token_tree(k: int) -> dict[int, list[int]]:
     return {i: [i + 1] for i in range(k)}
 
 
-def device_top_k(config: RuntimeConfig, vocab_size: int) -> int:
-    """The compiled global top-k: sampling.global_top_k, at most the vocabulary (hlo.topk over it)."""
-    return min(config.sampling.global_top_k, vocab_size)
-
-
 def device_line(row: RowSampling, global_top_k: int) -> tuple[int, float, float]:
     """A row's (top_k, top_p, temperature) as TNx's per-line lists take them: top_k in [1, global_top_k] (-1, no
     limit, is the global top-k)."""
     top_k = global_top_k if row.top_k < 1 else min(row.top_k, global_top_k)
     return int(top_k), float(row.top_p), float(row.temperature)
-
-
-def neuron_config_kwargs(config: RuntimeConfig, vocab_size: int, role: str = "target") -> dict[str, Any]:
-    """NeuronConfig keyword arguments (nested configs as dicts) of the target or the draft (pure).
-
-    Every key of ours is a NeuronConfig argument of 0.13 (config.py). BSH attention / collectives layouts and fused
-    QKV are vLLM's TNx defaults (model_loader/neuron.py); the KV cache keeps the default SBH layout, which allows
-    several context buckets. The target's `neuron_config_overrides` are merged last; the draft gets none, as in
-    vLLM's TNx loader, which gives the draft its own draft_model_config.override_neuron_config (SpeculativeConfig
-    never fills it from the target's).
-
-    Raises:
-        RunnerError: an override of a keyword the runner derives from a RuntimeConfig field, or a JSON object for a
-            keyword that takes none the runner builds (`CONFIG_OBJECTS`).
-    """
-    batch = config.max_num_seqs
-    mode = config.speculation.mode
-    kwargs: dict[str, Any] = {
-        "continuous_batching": {"batch_size_for_shared_caches": batch},
-        "attention_layout": "BSH",  # constants.LAYOUT_BSH
-        "collectives_layout": "BSH",
-        "fuse_qkv": True,
-    }
-    if config.sampling.on_device:
-        kwargs["on_device_generation"] = {
-            "max_length": sequence_length(config), "do_sample": True, "dynamic": True, "per_batch_line": True,
-            "global_top_k": device_top_k(config, vocab_size), "top_k": [GREEDY_LINE[0]] * batch,
-            "top_p": [GREEDY_LINE[1]] * batch, "temperature": [GREEDY_LINE[2]] * batch,
-        }
-    if mode in ("draft", "eagle"):
-        kwargs["on_device_embedding"] = True  # both fused speculators assert it on both models
-    if mode == "eagle":
-        if role == "target":
-            kwargs["is_eagle_target"] = True
-        else:
-            kwargs.update(is_eagle_draft=True, has_pre_attention_norm=False)  # as vLLM's TNx EAGLE loader
-    if role == "target":
-        kwargs.update(checked_overrides(config.neuron_config_overrides))
-    return kwargs
-
-
-def checked_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of neuron_config_overrides once no key is one the runner manages and every JSON object is for a
-    keyword that takes a config object (`CONFIG_OBJECTS`)."""
-    refuse_managed_overrides(overrides, MANAGED_KEYWORDS)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and key not in CONFIG_OBJECTS:
-            built = ", ".join(k for k in CONFIG_OBJECTS if k not in MANAGED_KEYWORDS)
-            raise RunnerError(f"neuron_config_overrides: {key}: the tnx runner builds a config object from a JSON "
-                              f"object only for {built}; give {key} a plain value, or leave it out")
-    return copy.deepcopy(dict(overrides))
-
-
-def model_class(mapping: dict[str, Any], model_type: Optional[str], version: str, what: str = "model") -> Any:
-    """TNx's class for a checkpoint's model_type, from its own registry (modeling_auto.py), if the runner serves it
-    (`SERVED_MODEL_TYPES`)."""
-    served = [name for name in SERVED_MODEL_TYPES if name in mapping]
-    if model_type not in served:
-        reason = (UNSERVED_MODEL_TYPES.get(str(model_type), "the tnx runner was not written for it")
-                  if model_type in mapping else f"transformers-neuronx {version} has no class for it")
-        raise RunnerError(f"{what}: model_type {model_type!r} is not served by the tnx runner: {reason}. It serves "
-                          f"{', '.join(served)}; serve it with framework nxdi or torch")
-    return mapping[model_type]
 
 
 def step_tokens(tokens: torch.Tensor, counts: torch.Tensor, lines: Sequence[int], wanted: Sequence[int]
@@ -272,7 +150,7 @@ class TnxRunner(ModelRunner):
         self.k = spec.num_speculative_tokens if spec.mode in ("draft", "eagle") else 0
         self.eagle = self.k > 0 and spec.mode == "eagle"
         self.n_positions = sequence_length(config)
-        self.buckets = context_buckets(config.max_context_length)
+        self.buckets = tnx_buckets(config.max_context_length)
         self.sampler = SlotSampler(config.sampling.global_top_k, torch.device("cpu"))  # host sampling only
         self.version: Optional[str] = None
         self.model: Any = None  # the target (TNx model)
@@ -303,7 +181,7 @@ class TnxRunner(ModelRunner):
         if self.k and not cfg.sampling.on_device:
             raise RunnerError("speculation.mode draft/eagle on TNx needs sampling.on_device=true (its fused "
                               "speculators sample on the device); set it, or speculation.mode none")
-        raw = read_model_config(self.model_path, "model")
+        raw = read_model_config(self.model_path)
         _, version = import_library("tnx", "transformers_neuronx", "transformers-neuronx")
         self.version = version
         log.warning("%s (transformers-neuronx reached end of support on %s)", TNX_DEPRECATION, END_OF_SUPPORT)
@@ -341,8 +219,8 @@ class TnxRunner(ModelRunner):
             "draft_neuron_config": neuron_config_kwargs(cfg, self.vocab_size, "draft") if self.k else None,
         }
         # built before any compile, so that an override TNx refuses fails first; each is used by one build
-        target_config = _neuron_config(tnx_config, compiled["target"], version)
-        draft_config = _neuron_config(tnx_config, compiled["draft_neuron_config"], version) if self.k else None
+        target_config = build_neuron_config(tnx_config, compiled["target"], version)
+        draft_config = build_neuron_config(tnx_config, compiled["draft_neuron_config"], version) if self.k else None
 
         def compile_into(folder: Path) -> None:  # TNx compiles while it loads: the models stay loaded
             log.info("compiling for transformers-neuronx %s into %s (minutes to hours on Neuron)", version, folder)
@@ -350,7 +228,10 @@ class TnxRunner(ModelRunner):
             if draft_cls is not None and draft_path is not None:
                 self.draft = self._build(draft_cls, draft_path, draft_config, folder / "draft", saved=False)
 
-        self.artifacts = prepare_artifacts(cfg, self.model_path, "tnx", version, compiled, compile_into)
+        try:
+            self.artifacts = prepare_artifacts(cfg, self.model_path, "tnx", version, compiled, compile_into)
+        except ArtifactsError as exc:
+            raise RunnerError(str(exc)) from exc
         if not self.artifacts.outcome.compiled:
             folder = self.artifacts.folder
             self.model = self._build(cls, self.model_path, target_config, folder / "target", saved=True)
@@ -569,36 +450,6 @@ def _context_inputs(prompt: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor([ids], dtype=torch.int32), torch.tensor([cache], dtype=torch.int32)
 
 
-def _neuron_config(tnx_config: Any, kwargs: Mapping[str, Any], version: str) -> Any:
-    """NeuronConfig from `neuron_config_kwargs`, its JSON objects built into TNx's config objects (`CONFIG_OBJECTS`;
-    from a deep copy: TNx mutates the generation config it is given).
-
-    Raises:
-        RunnerError: TNx refuses an override: NeuronConfig asserts it knows every keyword and checks some values
-            (config.py), the config objects check theirs.
-    """
-    values = copy.deepcopy(dict(kwargs))
-    for key, value in values.items():
-        if isinstance(value, dict) and key in CONFIG_OBJECTS:
-            try:
-                values[key] = getattr(tnx_config, CONFIG_OBJECTS[key])(**value)
-            except (TypeError, NotImplementedError, AssertionError) as exc:
-                raise RunnerError(f"neuron_config_overrides: {key}: transformers-neuronx {version} refuses it as "
-                                  f"{CONFIG_OBJECTS[key]} ({exc}); fix or remove it") from exc
-    try:
-        return tnx_config.NeuronConfig(**values)
-    except AssertionError as exc:
-        known = inspect.signature(tnx_config.NeuronConfig).parameters
-        unknown = [key for key in kwargs if key not in known]
-        if unknown:
-            raise RunnerError(f"neuron_config_overrides: {', '.join(unknown)} is not a NeuronConfig keyword of "
-                              f"transformers-neuronx {version}; remove it (the keywords: NeuronConfig in its "
-                              "config.py)") from exc
-        raise RunnerError(f"neuron_config_overrides: transformers-neuronx {version} refuses the NeuronConfig they "
-                          f"make ({exc}); fix or remove the override") from exc
-
-
-__all__ = ["AMP", "CONFIG_OBJECTS", "END_OF_SUPPORT", "MANAGED_KEYWORDS", "PAD_TOKEN_ID", "SERVED_MODEL_TYPES",
-           "TnxRunner", "UNSERVED_MODEL_TYPES", "chain_token_tree", "checked_overrides", "context_buckets",
-           "device_line", "device_top_k", "model_class", "neuron_config_kwargs", "sequence_length", "start_ids",
+__all__ = ["END_OF_SUPPORT", "PAD_TOKEN_ID", "TnxRunner", "chain_token_tree", "device_line", "start_ids",
            "step_tokens"]
+

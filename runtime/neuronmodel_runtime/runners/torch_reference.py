@@ -37,6 +37,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from neuronmodel_runtime.artifacts.prepare import ArtifactsError, prepare_artifacts
 from neuronmodel_runtime.config import RuntimeConfig
 from neuronmodel_runtime.runners.base import (
     DecodeBatch,
@@ -50,13 +51,12 @@ from neuronmodel_runtime.runners.base import (
     check_slots,
 )
 from neuronmodel_runtime.runners.checkpoint import build_weights, read_config, read_tensors, resolve_dtype
-from neuronmodel_runtime.runners.compiled_graphs import (
-    FixedShapeModel,
-    cache_length,
+from neuronmodel_runtime.runners.buckets import cache_length, graph_shapes
+from neuronmodel_runtime.runners.compiled_graphs import FixedShapeModel
+from neuronmodel_runtime.runners.graph_artifacts import (
     compile_counters,
     compile_target,
     counters_since,
-    graph_shapes,
     install_kernels,
     kernels_into,
     load_weights,
@@ -64,7 +64,6 @@ from neuronmodel_runtime.runners.compiled_graphs import (
     scoped_cache_artifacts,
 )
 from neuronmodel_runtime.runners.llama import LlamaConfig, LlamaModel, LlamaWeights
-from neuronmodel_runtime.runners.compiled_artifacts import prepare_artifacts
 from neuronmodel_runtime.runners.slot_sampler import SlotSampler
 from neuronmodel_runtime.runners.vocabulary import vocabulary_mismatch
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingCapabilities
@@ -199,9 +198,12 @@ class TorchReferenceRunner(ModelRunner):
         """The compiled artifacts through the compile-artifact cache (by compile_cache.policy): loaded from the local
         folder or the store, or compiled (this start then serves the graphs it compiled) and stored."""
         shape = self.compiled_shape(model_config, draft_config, dtype)
-        self.artifacts = prepare_artifacts(
-            self.config, self.model_path, "torch", torch.__version__, shape,
-            lambda folder: self.compile_into(folder, model_config, draft_config, dtype))
+        try:
+            self.artifacts = prepare_artifacts(
+                self.config, self.model_path, "torch", torch.__version__, shape,
+                lambda folder: self.compile_into(folder, model_config, draft_config, dtype))
+        except ArtifactsError as exc:
+            raise RunnerError(str(exc)) from exc
         if not self.artifacts.outcome.compiled:
             self.load_from(self.artifacts.folder, model_config, draft_config, dtype)
 

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Optional, Union
 from starlette.requests import Request
 
 from neuronmodel_runtime.engine.outputs import RequestOutput
-from neuronmodel_runtime.engine.tokenizer import chat_prompt_ids, token_bytes, token_text
+from neuronmodel_runtime.server.tokenizer import chat_prompt_ids, token_bytes, token_text
 from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.errors import invalid
 from neuronmodel_runtime.server.protocol import (

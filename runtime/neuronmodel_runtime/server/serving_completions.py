@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Optional, Union
 from starlette.requests import Request
 
 from neuronmodel_runtime.engine.outputs import RequestOutput
-from neuronmodel_runtime.engine.tokenizer import token_text
+from neuronmodel_runtime.server.tokenizer import token_text
 from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.errors import invalid
 from neuronmodel_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse

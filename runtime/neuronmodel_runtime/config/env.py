@@ -1,0 +1,27 @@
+"""Environment variables of the runtime pods: the names the operator writes and the runtime reads, defined once.
+
+The operator (builders/pod.py) sets them on the runtime container and the download init containers; the runtime
+reads them (load.py for NEURONMODEL_*, frameworks.py, fetch.py, the Neuron runners and the artifact key). Every
+RuntimeConfig field is a variable too, ENV_PREFIX + its setting name (settings.py): of those, only API_KEY is set
+by the operator, from a Secret.
+"""
+
+from __future__ import annotations
+
+#: Prefix of every RuntimeConfig field's variable (`NEURONMODEL_PORT` sets server.port).
+ENV_PREFIX = "NEURONMODEL_"
+#: server.api_key: the operator sets it from spec.server.apiKeySecretRef, never in the ConfigMap.
+API_KEY = ENV_PREFIX + "API_KEY"
+#: The instance family (inf2, trn1, trn2) the pod runs on: part of the compiled artifacts' key, and of the release
+#: support facts in `info`.
+INSTANCE_FAMILY = ENV_PREFIX + "INSTANCE_FAMILY"
+#: Machine-wide cache of converted models and compiled artifacts (an emptyDir in a pod).
+CACHE = ENV_PREFIX + "CACHE"
+#: trn2's logical NeuronCore config (1 or 2), the Neuron runtime's own variable: spec.parallelism.logicalCoreConfig.
+LOGICAL_NC_CONFIG = "NEURON_LOGICAL_NC_CONFIG"
+#: neuronx-cc's persistent cache (NEFFs by HLO hash), the Neuron compiler's own variable.
+NEURON_COMPILE_CACHE_URL = "NEURON_COMPILE_CACHE_URL"
+#: The Hugging Face token of gated or private hf:// sources, given to the download init containers only.
+HF_TOKEN = "HF_TOKEN"
+#: vLLM's framework variable (neuronx-distributed-inference | transformers-neuronx), honoured as `framework`.
+VLLM_FRAMEWORK = "VLLM_NEURON_FRAMEWORK"

@@ -1,0 +1,70 @@
+"""`neuronmodel-runtime compile`: hit, miss, retries of the compiler's failures, and the CLI on the NxDI fake."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from runtime_tests.helpers.fake_neuron.install import install_nxdi
+from neuronmodel_runtime import cli
+from neuronmodel_runtime.compile_job import CompileFailed, run_compile
+from neuronmodel_runtime.runners.base import RunnerError
+
+TARGET = Path(__file__).resolve().parents[2] / "assets" / "tiny" / "target"
+
+
+class Flaky:
+    """A runner whose compile fails `failures` times with `error`, then succeeds with no artifacts."""
+
+    framework = "flaky"
+
+    def __init__(self, log: list, failures: int, error: type = RuntimeError):
+        self.log, self.failures, self.error = log, failures, error
+
+    def compile(self):
+        self.log.append("compile")
+        if self.log.count("compile") <= self.failures:
+            raise self.error("neuronx-cc failed with 70")
+        return None
+
+    def shutdown(self):
+        self.log.append("shutdown")
+
+
+def test_a_compiler_failure_is_retried_with_backoff():
+    log, sleeps = [], []
+    summary = run_compile(lambda: Flaky(log, 2), attempts=3, backoff_s=5, sleep=sleeps.append)
+    assert summary["attempts"] == 3 and sleeps == [5, 10] and log.count("shutdown") == 3
+    with pytest.raises(CompileFailed, match="failed 3 times; last error: RuntimeError: neuronx-cc failed with 70"):
+        run_compile(lambda: Flaky([], 9), attempts=3, backoff_s=0, sleep=lambda s: None)
+
+
+def test_a_configuration_error_is_not_retried():
+    log = []
+    with pytest.raises(RunnerError):
+        run_compile(lambda: Flaky(log, 1, RunnerError), attempts=3, sleep=lambda s: None)
+    assert log == ["compile", "shutdown"]
+
+
+def test_the_cli_compiles_into_the_store_once_then_hits(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("NEURONMODEL_CACHE", str(tmp_path / "cache"))
+    install_nxdi(monkeypatch, "0.9.17334", tmp_path / "site")
+    from neuronx_distributed_inference.models import model_base
+
+    argv = ["compile", "--model", str(TARGET), "--framework", "nxdi", "--max-num-seqs", "2", "--max-model-len", "64",
+            "--max-context-length", "32", "--compile-cache-url", str(tmp_path / "pvc")]
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["compiled"] is True and first["hit"] is False and model_base.COMPILES == 1
+    assert (tmp_path / "pvc" / first["key"] / "manifest.json").is_file()
+    shutil.rmtree(first["folder"])  # another pod: the store has it
+    assert cli.main(argv) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert (second["hit"], second["source"], second["key"]) == (True, "store", first["key"])
+    assert model_base.COMPILES == 1
+    assert cli.main([*argv, "--compile-cache-policy", "Always"]) == 0 and model_base.COMPILES == 2
+    assert cli.main([*argv, "--compile-cache-policy", "Never"]) == 2
+    assert "is Never, which never compiles" in capsys.readouterr().err
