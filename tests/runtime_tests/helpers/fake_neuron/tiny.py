@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets" / "tiny"
+ASSETS = Path(__file__).resolve().parents[3] / "assets" / "tiny"
 TARGET, DRAFT = ASSETS / "target", ASSETS / "draft"
 
 
