@@ -194,7 +194,7 @@ def test_the_printer_columns_and_phases_are_the_crds():
     header = next(line for line in TEXT.splitlines() if line.startswith("NAME ") and "PHASE" in line)
     assert header.split() == ["NAME", *(c["name"].upper() for c in columns)]
     rows = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in TEXT.splitlines()
-            if re.match(r"^\| (PHASE|FRAMEWORK|TP|READY|ENDPOINT) \|", row)}
+            if re.match(r"^\| (PHASE|ENGINE|FRAMEWORK|TP|READY|ENDPOINT) \|", row)}
     for column in columns:
         if column["name"] != "Age":
             assert rows[column["name"].upper()] == f"`{column['jsonPath'].removeprefix('.')}`", column["name"]

@@ -33,7 +33,7 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 #: Revision of the CRD's schema, written into it as the annotation crdgen.ANNOTATION_REVISION. Bump it with every
 #: schema change (tests/operator_tests/test_crd.py fails until you do): the operator refuses to start on a cluster
 #: whose CRD is older (crd_check.py), since Helm never upgrades the CRDs of a chart's crds/.
-CRD_REVISION = 3
+CRD_REVISION = 4
 
 FIELD_MANAGER = "neuronmodel-operator"
 #: The field manager that takes spec.replicas over from FIELD_MANAGER when a model switches to spec.autoscaling (the
@@ -105,6 +105,9 @@ MAX_DEVICE_TOP_K = 256
 #: Most keys of spec.neuronConfigOverrides. An OpenAPI bound (maxProperties), not CEL: the API server's CEL sees an
 #: object that preserves unknown fields as a type without fields, with no size() (a rule on it does not compile).
 MAX_NEURON_CONFIG_OVERRIDES = 64
+#: The serving engines: neuronmodel (our runtime) and vllm (vLLM Neuron's own `vllm serve` from AWS's image).
+Engine = Literal["neuronmodel", "vllm"]
+DEFAULT_ENGINE = "neuronmodel"
 
 
 def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
@@ -293,6 +296,23 @@ def _tp_rules() -> list[tuple[str, str]]:
     return rules
 
 
+#: What engine vllm refuses of the spec (resolve.py refuses the same, for a spec admitted under an older CRD).
+_VLLM_RULES = (
+    ("self.engine != 'vllm' || self.framework == 'auto'",
+     "framework must be auto with engine vllm: it chooses our runtime's runner, and vLLM Neuron runs its own (NxDI on "
+     "inf2/trn1, the native plugin on trn2); remove spec.framework, or use engine neuronmodel"),
+    ("self.engine != 'vllm' || !(self.speculation.mode in ['draft', 'promptLookup'])",
+     "speculation.mode draft and promptLookup are not served by engine vllm: vLLM Neuron speculates with EAGLE drafts "
+     "only (EAGLE v1/v3 on inf2/trn1, EAGLE3 on trn2); use mode eagle with an EAGLE draft, or engine neuronmodel"),
+    ("self.engine != 'vllm' || (!has(self.compileCache.url) && !self.compileCache.shardedWeights)",
+     "compileCache must be unset with engine vllm: the compile Job for the vLLM engine is not built yet, so its pods "
+     "compile the model at start, without a cache; remove spec.compileCache, or use engine neuronmodel"),
+    ("self.engine != 'vllm' || self.parallelism.nodes == 1",
+     "parallelism.nodes must be 1 with engine vllm: vLLM Neuron serves no tensor parallelism across nodes; use one "
+     "node (a larger instanceType), or engine neuronmodel"),
+)
+
+
 class NeuronModelSpec(_Spec):
     """What a user asks for. Everything has a default except model.source (no replicas and no autoscaling: one
     replica, as a Deployment)."""
@@ -321,6 +341,7 @@ class NeuronModelSpec(_Spec):
          "neuronConfigOverrides are NxDI / transformers-neuronx NeuronConfig keywords, and framework torch (the "
          "reference runner) has no NeuronConfig: remove spec.neuronConfigOverrides, or use framework auto, nxdi or "
          "tnx"),
+        *_VLLM_RULES,
         *_tp_rules(),
     ))
 
@@ -328,6 +349,11 @@ class NeuronModelSpec(_Spec):
     framework: Framework = Field(
         "auto", description="auto (NxDI if the image has it, else TNx) | nxdi | tnx (end of support upstream) | "
         "torch (the PyTorch reference runner, CPU).")
+    engine: Engine = Field(
+        DEFAULT_ENGINE, description="neuronmodel: our runtime (neuronmodel-runtime serve); vllm: vLLM Neuron's own "
+        "`vllm serve` from AWS's vLLM Neuron image of the instance family (the native plugin on trn2, the NxDI-based "
+        "one on inf2/trn1), with the spec translated into vLLM's flags; framework auto only, speculation none or "
+        "eagle, one node, no compileCache yet (its pods compile at start).")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Tensor parallelism.")
     batching: Batching = Field(default_factory=Batching, description="Compiled batch and sequence shapes.")
     sampling: Sampling = Field(default_factory=Sampling, description="On-device sampling.")
@@ -342,7 +368,10 @@ class NeuronModelSpec(_Spec):
         "compile Job, naming the key. Keys the runtime derives from other spec fields (batch sizes, sequence "
         "lengths, tp_degree, speculation, on-device sampling, dtype, sharded weights) are refused: set those "
         "fields. Part of the compile key: a change recompiles. At most "
-        f"{MAX_NEURON_CONFIG_OVERRIDES} keys; not with framework torch (the reference runner has no NeuronConfig).",
+        f"{MAX_NEURON_CONFIG_OVERRIDES} keys; not with framework torch (the reference runner has no NeuronConfig). "
+        "With engine vllm they go to vLLM Neuron, which does not check them (NxDI logs a keyword it lacks, the "
+        "native plugin ignores one): into override_neuron_config (NxDI keywords) on inf2/trn1, into the native "
+        "plugin's neuron_config (its own keys) on trn2; keys the operator sets through vLLM's flags are refused.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
     replicas: Optional[int] = Field(None, ge=0, le=1000, description="Serving replicas (groups when nodes > 1); "
                                     "exclusive with autoscaling.")

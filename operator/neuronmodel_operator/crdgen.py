@@ -55,6 +55,7 @@ NAME_RULES = (
 
 PRINTER_COLUMNS = (
     ("Phase", "string", ".status.phase", "Pending, Compiling, Loading, Ready, Degraded or Failed."),
+    ("Engine", "string", ".spec.engine", "neuronmodel (our runtime) or vllm (vLLM Neuron)."),
     ("Framework", "string", ".status.resolved.framework", "The framework the pods run."),
     ("TP", "integer", ".spec.parallelism.tensorParallelDegree", "Tensor-parallel degree (NeuronCores per group)."),
     ("Ready", "string", ".status.ready", "Ready replicas / desired replicas."),

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Optional
+from typing import Literal, Optional
 
 from neuronmodel_operator import devices
 from neuronmodel_runtime.releases import Support, support_of
@@ -167,6 +167,64 @@ def support(image: RuntimeImage, framework: str, family: Optional[str]) -> Optio
     return support_of(library, image.framework_version(library), family_of(family))
 
 
+VLLM_DLC = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx"
+
+
+@dataclass(frozen=True)
+class VllmImage:
+    """One vLLM Neuron Deep Learning Container: what `engine: vllm` pods run, unchanged (our wheel is not in it).
+
+    The ENTRYPOINT (`vllm_entrypoint.py`) runs its arguments, so a pod passes the whole `vllm serve ...` command as
+    the container's args (DLC `common/vllm_entrypoint.py`, vllm-neuron.md §1).
+    """
+
+    line: Literal["nxdi", "native"]  # the plugin line: NxDI-based (vllm-neuron 0.2-0.5) or native (>= 0.21)
+    tag: str
+    sdk: str  # the Neuron SDK release of the image
+    vllm: str  # the vLLM release inside (its argument parser is the one tests/operator_tests/test_vllm_args.py uses)
+    plugin: str  # vllm-neuron's release (or branch) inside
+    python: str
+    families: tuple[str, ...]  # instance families (and type prefixes) it serves
+    node: str  # what the nodes need: the Neuron driver the image's runtime pairs with
+
+    @property
+    def ref(self) -> str:
+        return f"{VLLM_DLC}:{self.tag}"
+
+
+#: The vLLM Neuron image of each instance family (vllm-neuron.md §0-§1; DLC README and Dockerfiles):
+#:
+#: - native line on trn2 (and trn3, which devices.py has no instance types of yet): vLLM Neuron 0.29.0.1.2.0, SDK
+#:   2.33.0 (2026-10-19), the newest tag the research found; from SDK 2.34 the only stack AWS supports there. Ubuntu
+#:   26.04 / Python 3.14 inside; the host OS need not match. SDK 2.33 ships Neuron driver 2.31.7; the image's own
+#:   runtime version was not read (its Dockerfile was not in the sources).
+#: - NxDI line on inf2 and trn1: vLLM 0.16.0 on vllm-neuron release-0.5.3 and NxDI 0.10.18399 (SDK 2.31.1), the
+#:   last image with NxDI, which AWS keeps in maintenance on inf2/trn1. Its Neuron runtime is 2.33.10: Neuron driver
+#:   2.29 (SDK 2.31) requires runtime 2.33 or later, and runtime 2.32+ refuses drivers 2.26 and older, so run it on
+#:   nodes with driver 2.29 or later (SDK `release-notes/components/runtime.rst`). The NxDI 2.29 note that NxDI
+#:   models run on trn2 and newer only conflicts with the DLC README, which lists inf2 for these images (§0.4).
+VLLM_IMAGES: tuple[VllmImage, ...] = (
+    VllmImage("native", "0.29.0.1.2.0-neuronx-py314-sdk2.33.0-ubuntu26.04", "2.33.0", vllm="0.29.0",
+              plugin="0.29.0.1.2.0", python="3.14", families=("trn2", "trn2u"),
+              node="Neuron driver 2.31 (SDK 2.33's)"),
+    VllmImage("nxdi", "0.16.0-neuronx-py312-sdk2.31.1-ubuntu24.04", "2.31.1", vllm="0.16.0", plugin="release-0.5.3",
+              python="3.12", families=("inf2", "trn1", "trn1n"),
+              node="Neuron driver 2.29 or later (the image's runtime is 2.33.10)"),
+)
+
+
+def vllm_image_for(family: str) -> VllmImage:
+    """The vLLM Neuron image of instance `family` (or type prefix): every Neuron family has one.
+
+    Raises:
+        LookupError: `family` is not a Neuron family (a CPU node).
+    """
+    for image in VLLM_IMAGES:
+        if family in image.families:
+            return image
+    raise LookupError(f"no vLLM Neuron image serves {family or 'a node without Neuron'}")
+
+
 def package_version() -> str:
     """The installed `neuronmodel` distribution's version (pyproject.toml's)."""
     try:
@@ -176,5 +234,5 @@ def package_version() -> str:
 
 
 __all__ = ["BY_TARGET", "DEFAULT_REPOSITORY", "DLC", "ENV_RUNTIME_IMAGE_REPOSITORY", "ENV_RUNTIME_IMAGE_VERSION",
-           "IMAGES", "RuntimeImage", "default_image", "family_of", "image_for", "image_ref", "package_version", "runs",
-           "support", "target_of"]
+           "IMAGES", "RuntimeImage", "VLLM_DLC", "VLLM_IMAGES", "VllmImage", "default_image", "family_of", "image_for",
+           "image_ref", "package_version", "runs", "support", "target_of", "vllm_image_for"]

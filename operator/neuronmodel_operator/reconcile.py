@@ -249,8 +249,9 @@ class Reconcile:
             if job is not None:
                 keep |= {("Job", job["metadata"]["name"]), ("ConfigMap", job["metadata"]["name"])}
             if leaving is not None:
-                keep |= {(_kind(leaving), workload_name(leaving)),
-                         ("ConfigMap", builders.runtime_configmap_name(leaving))}
+                keep |= {(_kind(leaving), workload_name(leaving))}
+                if (config := builders.serving_configmap_name(leaving)) is not None:  # none for engine vllm
+                    keep.add(("ConfigMap", config))
             self._delete_stale(target, keep, full=cleanup)
         hpa = next((obj for (kind, _), obj in applied.items() if kind == "HorizontalPodAutoscaler"), None)
         self._remember_hpa(target, hpa)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
-from neuronmodel_operator import api, devices, images
+from neuronmodel_operator import api, devices, engines, images
 from neuronmodel_operator.api import NeuronModelSpec, SpecError
 from neuronmodel_runtime.releases import NXDI_UNSUPPORTED_ON_TRN
 
@@ -41,8 +41,9 @@ class OperatorDefaults:
     allow_host_path: bool = False  # --allow-host-path
 
     def filled(self, spec: NeuronModelSpec) -> NeuronModelSpec:
-        """`spec` with the operator's compile cache when it names none of its own."""
-        if spec.compile_cache.url is not None or self.compile_cache is None:
+        """`spec` with the operator's compile cache when it names none of its own (engine vllm: never, it has no
+        compile Job yet; `resolve` warns)."""
+        if spec.compile_cache.url is not None or self.compile_cache is None or spec.engine == "vllm":
             return spec
         cache = self.compile_cache.model_copy(update={"sharded_weights": spec.compile_cache.sharded_weights})
         return spec.model_copy(update={"compile_cache": cache})
@@ -55,13 +56,21 @@ class OperatorDefaults:
         return "the operator's --runtime-image (chart value runtimeImage.image)" if self.image else None
 
     def image_for(self, spec: NeuronModelSpec, family: Optional[str]) -> str:
-        """The runtime image of `spec` on instance `family` (None: a node without Neuron)."""
+        """The runtime image of `spec` on instance `family` (None: a node without Neuron); engine vllm: spec.image
+        or the vLLM Neuron image of the family (the operator's --runtime-image is ours, not a vLLM image)."""
+        if spec.engine == "vllm":
+            return spec.image or images.vllm_image_for(family or "").ref
         if spec.image or self.image:
             return spec.image or self.image
         try:
             return images.default_image(family, spec.framework, self.image_repository, self.image_version)
         except LookupError as exc:
             raise SpecError(f"spec.framework: {exc}; set spec.image, or another framework") from None
+
+    def fetch_image(self) -> str:
+        """The image of the download init containers of engine vllm pods, whose vLLM image has no
+        `neuronmodel-runtime fetch`: the operator's --runtime-image, else our CPU runtime image (runtime-cpu)."""
+        return self.image or images.default_image(None, "torch", self.image_repository, self.image_version)
 
 
 class SpecWarning(str):
@@ -98,6 +107,7 @@ class Resolved:
     revisions: dict[str, str] = field(default_factory=dict)  # hf:// "source@revision" -> its commit (revisions.py)
     model_revision: Optional[str] = None  # the commit (or revision) the pods fetch the model at
     draft_revision: Optional[str] = None  # the draft model's
+    fetch_image: Optional[str] = None  # the download init containers' image when not `image` (engine vllm)
 
     def as_status(self) -> dict:
         status = {"framework": self.framework, "instanceType": self.instance_type,
@@ -132,6 +142,8 @@ def compile_key(spec: NeuronModelSpec, image: str, instance_family: Optional[str
     }
     if spec.neuron_config_overrides:
         inputs["neuronConfigOverrides"] = spec.neuron_config_overrides
+    if spec.engine != api.DEFAULT_ENGINE:  # only then, so that every model before the field keeps its key
+        inputs["engine"] = spec.engine
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -266,6 +278,8 @@ def check_device_top_k(spec: NeuronModelSpec) -> None:
 
 def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     check_host_paths(spec, defaults)
+    if spec.engine == "vllm":
+        engines.check_vllm(spec)
     compile_job = spec.compile_cache.url is not None and spec.compile_cache.policy != "Never"
     cores_per_pod = spec.parallelism.tensor_parallel_degree // spec.parallelism.nodes
     if spec.framework == "torch":  # the CPU reference runner: no NeuronCores, even on a Neuron instance
@@ -309,9 +323,17 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
                                                                     ("HostMemoryShort", host)) if text]
     trn2_lnc = lnc if len(family.lnc_choices) > 1 else None
     image = defaults.image_for(spec, family.name)
-    if support := support_warning(spec, image, family.name, defaults):
+    fetch_image = None
+    if spec.engine == "vllm":
+        engines.check_vllm_line(spec, images.vllm_image_for(family.name))
+        fetch_image = defaults.fetch_image()
+        if defaults.compile_cache is not None:
+            warnings.append(SpecWarning(
+                "NoCompileCacheForVllm", "the operator's compile cache (--compile-cache-url) does not apply to engine "
+                "vllm yet (its compile Job is not built yet): the pods compile the model at every start"))
+    elif support := support_warning(spec, image, family.name, defaults):
         warnings.append(support)
     key = compile_key(spec, image, family.name, trn2_lnc)
     return Resolved(spec.framework, instance.name, family.name, trn2_lnc, request.cores, request.devices,
                     {} if dra else request.as_resources(), image, key, compile_job, tuple(warnings),
-                    scheduler_name=scheduler)
+                    scheduler_name=scheduler, fetch_image=fetch_image)

@@ -155,8 +155,9 @@ def test_kubectl_get_shows_the_columns(crd, namespace):
         "phase": "Ready", "resolved": {"framework": "torch"}, "ready": "1/1", "replicas": 1, "readyReplicas": 1,
         "endpoint": f"http://tiny.{namespace}.svc:8000/v1"})
     header, row = crd.kubectl("get", "nm", "-n", namespace).stdout.splitlines()
-    assert header.split() == ["NAME", "PHASE", "FRAMEWORK", "TP", "READY", "ENDPOINT", "AGE"]
-    assert row.split()[:6] == ["tiny", "Ready", "torch", "2", "1/1", f"http://tiny.{namespace}.svc:8000/v1"]
+    assert header.split() == ["NAME", "PHASE", "ENGINE", "FRAMEWORK", "TP", "READY", "ENDPOINT", "AGE"]
+    assert row.split()[:7] == ["tiny", "Ready", "neuronmodel", "torch", "2", "1/1",
+                               f"http://tiny.{namespace}.svc:8000/v1"]
     # The status subresource is the only way to write status: a status in a spec apply is ignored.
     assert apply(crd, namespace, {**_body("tiny", CPU), "status": {"phase": "Failed"}}).returncode == 0
     assert get(crd, namespace, "tiny")["status"]["phase"] == "Ready"

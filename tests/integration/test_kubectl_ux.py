@@ -125,18 +125,19 @@ def test_explain_recursive_through_the_short_name(kubectl):
 
 def test_get_prints_the_printer_columns_and_the_status(kubectl, namespace, admin_client):
     columns = [c["name"].upper() for c in _crd()["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns == ["PHASE", "FRAMEWORK", "TP", "READY", "ENDPOINT", "AGE"]  # what docs/eks.md explains
+    assert columns == ["PHASE", "ENGINE", "FRAMEWORK", "TP", "READY", "ENDPOINT", "AGE"]  # what docs/eks.md explains
     _create(kubectl, namespace)
     before = kubectl("get", "nm", "-n", namespace).stdout.splitlines()
     assert before[0].split() == ["NAME", *columns]
-    # Nothing reconciled it: only NAME, TP (from the spec) and AGE have values; the status columns are blank.
-    assert before[1].split()[:2] == ["llama-1b", "2"]
+    # Nothing reconciled it: only NAME, ENGINE and TP (from the spec, the engine its default) and AGE have values;
+    # the status columns are blank.
+    assert before[1].split()[:3] == ["llama-1b", "neuronmodel", "2"]
 
     _patch_status(admin_client, namespace, "llama-1b", _ready_status(namespace))
     rows = kubectl("get", "nm", "-n", namespace).stdout.splitlines()
     assert rows[0].split() == ["NAME", *columns]
-    name, phase, framework, tp, ready, endpoint, _age = rows[1].split()
-    assert (name, phase, framework, tp, ready) == ("llama-1b", "Ready", "nxdi", "2", "1/1")
+    name, phase, engine, framework, tp, ready, endpoint, _age = rows[1].split()
+    assert (name, phase, engine, framework, tp, ready) == ("llama-1b", "Ready", "neuronmodel", "nxdi", "2", "1/1")
     assert endpoint == f"http://llama-1b.{namespace}.svc.cluster.local:8000"
 
     # The same columns through every name the CRD declares, and its category.

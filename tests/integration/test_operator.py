@@ -65,8 +65,8 @@ def test_tiny_sample_becomes_ready_with_its_children(api, operator):
     assert any(e.reason == "Ready" for e in api.events(name))
 
     table = api.plane.kubectl("get", "nm", "-n", api.ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "FRAMEWORK", "TP", "READY", "ENDPOINT", "AGE"]
-    assert table[1].split()[:6] == [name, "Ready", "torch", "1", "1/1", status["endpoint"]]
+    assert table[0].split() == ["NAME", "PHASE", "ENGINE", "FRAMEWORK", "TP", "READY", "ENDPOINT", "AGE"]
+    assert table[1].split()[:7] == [name, "Ready", "neuronmodel", "torch", "1", "1/1", status["endpoint"]]
 
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as response:
         scraped = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])

@@ -98,6 +98,38 @@ CASES: dict[str, dict[str, Any]] = {
     "replicas-3": _body("smollm", {
         "model": {"source": "hf://HuggingFaceTB/SmolLM2-135M-Instruct"}, "instanceType": "inf2.xlarge",
         "replicas": 3, "rollout": {"maxUnavailable": 1, "maxSurge": 0}, "server": {"port": 9000}}),
+    # Engine vllm, the native line on trn2.48xlarge (LNC 2), TP 8: an EAGLE3 draft (both from hf://, one token), an
+    # API key, a served name; no ConfigMap.
+    "vllm-trn2-eagle": _body("llama-8b-vllm", {
+        "model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct",
+                  "revision": "0e9e39f249a16976918f6564b8830bc894c89659", "tokenSecretRef": {"name": "hf-token"},
+                  "servedModelName": "llama-3.1-8b", "parameters": "8B"},
+        "engine": "vllm", "instanceType": "trn2.48xlarge", "parallelism": {"tensorParallelDegree": 8},
+        "batching": {"maxBatchSize": 4, "maxContextLength": 1024, "maxSeqLen": 2048},
+        "speculation": {"mode": "eagle", "numSpeculativeTokens": 3,
+                        "draftModel": {"source": "hf://RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"}},
+        "server": {"apiKeySecretRef": {"name": "llama-api-key", "key": "api-key"}}, "replicas": 1}),
+    # Engine vllm on one trn2 chip (trn2.3xlarge, TP 4 at LNC 2), a pvc:// model, host sampling (no async
+    # scheduling), the native plugin's own neuron_config keys, two replicas (a PDB).
+    "vllm-trn2-3xlarge": _body("qwen-4b-vllm", {
+        "model": {"source": "pvc://model-store/qwen3-4b", "dtype": "bfloat16"}, "engine": "vllm",
+        "instanceType": "trn2.3xlarge", "parallelism": {"tensorParallelDegree": 4},
+        "batching": {"maxBatchSize": 8, "maxContextLength": 2048, "maxSeqLen": 4096},
+        "sampling": {"onDevice": False}, "neuronConfigOverrides": {"num_seqs_buckets": [1, 4, 8]},
+        "replicas": 2}),
+    # Engine vllm, the NxDI line on inf2.48xlarge, TP 8: NxDI keywords, a smaller global top-k, context buckets.
+    "vllm-inf2-nxdi": _body("llama-8b-inf2", {
+        "model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "tokenSecretRef": {"name": "hf-token"}},
+        "engine": "vllm", "instanceType": "inf2.48xlarge", "parallelism": {"tensorParallelDegree": 8},
+        "batching": {"maxBatchSize": 4, "maxContextLength": 700, "maxSeqLen": 2048},
+        "sampling": {"globalTopK": 64}, "neuronConfigOverrides": {"fused_qkv": True}, "replicas": 1}),
+    # Engine vllm, the NxDI line on trn1.32xlarge, autoscaled (an HPA on vllm:num_requests_waiting, which vLLM
+    # exports itself), an s3:// model and an EAGLE draft (method eagle).
+    "vllm-trn1-autoscale": _body("llama-70b-vllm", {
+        "model": {"source": "s3://acme-models/llama-3.3-70b-instruct", "parameters": "70B"}, "engine": "vllm",
+        "instanceType": "trn1.32xlarge", "parallelism": {"tensorParallelDegree": 32},
+        "speculation": {"mode": "eagle", "draftModel": {"source": "s3://acme-models/llama-3.3-70b-eagle"}},
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 3}, "serviceAccountName": "neuronmodel-s3"}),
 }
 
 

@@ -17,6 +17,7 @@ from neuronmodel_operator import api, builders
 from neuronmodel_operator.api import SpecError
 from neuronmodel_operator.builders import common, pod, sources
 from neuronmodel_operator.resolve import OperatorDefaults
+from neuronmodel_operator.served import served_target
 from operator_tests import golden
 
 CASES = sorted(golden.CASES)
@@ -70,9 +71,9 @@ def config_of(children: list[dict[str, Any]], suffix: str = "-runtime") -> dict[
 
 @pytest.mark.parametrize("case", CASES)
 def test_every_config_map_is_a_valid_runtime_config(case):
-    """The runtime's own model accepts every config.json (unknown keys are errors there)."""
+    """The runtime's own model accepts every config.json (unknown keys are errors there); engine vllm has none."""
     cms = by_kind(golden.children(case), "ConfigMap")
-    assert cms
+    assert bool(cms) is (golden.target(case).spec.engine == "neuronmodel")
     for cm in cms:
         assert list(cm["data"]) == ["config.json"]
         config = RuntimeConfig.model_validate_json(cm["data"]["config.json"])
@@ -358,7 +359,14 @@ def test_served_spec_annotation_round_trips():
         workload = next(c for c in builders.serving_children(t) if c["kind"] in ("Deployment", "LeaderWorkerSet"))
         served = json.loads(workload["metadata"]["annotations"][api.ANNOTATION_SERVED])
         assert api.parse_spec(served["spec"]) == t.spec
-        assert served["resolved"] == json.loads(json.dumps(dataclasses.asdict(t.resolved)))
+        back = served_target(workload, t, golden.DEFAULTS)
+        assert back.spec == t.spec and back.resolved == t.resolved
+        # fields added later are written only away from their defaults: older models' records keep their bytes
+        recorded = json.loads(json.dumps(dataclasses.asdict(t.resolved)))
+        if t.resolved.fetch_image is None:
+            del recorded["fetch_image"]
+        assert served["resolved"] == recorded
+        assert ("engine" in served["spec"]) is (t.spec.engine == "vllm")
 
 
 # Security
@@ -380,8 +388,10 @@ def test_restricted_security_context_on_every_container(case):
         volumes = {v["name"]: v for v in spec["volumes"]}
         assert volumes["shm"]["emptyDir"]["medium"] == "Memory"
         mounts = {m["mountPath"]: m["name"] for m in runtime_container(template)["volumeMounts"]}
-        for path, volume in {"/tmp": "tmp", "/dev/shm": "shm", "/var/cache/neuronmodel": "cache",
-                             "/var/tmp": "neuron-cache", "/etc/neuronmodel": "config"}.items():
+        expected = {"/tmp": "tmp", "/dev/shm": "shm", "/var/cache/neuronmodel": "cache", "/var/tmp": "neuron-cache"}
+        if golden.target(case).spec.engine == "neuronmodel":  # engine vllm reads no RuntimeConfig
+            expected["/etc/neuronmodel"] = "config"
+        for path, volume in expected.items():
             assert mounts[path] == volume
 
 
@@ -602,6 +612,10 @@ def test_partial_node_pods_ask_for_the_neuron_scheduler_extension():
         "whole-device Deployment": "my-scheduler",  # 2 of inf2.24xlarge's 6 devices
         "replicas-3 Deployment": None,  # one NeuronCore is always contiguous
         "trn2-dra Deployment": None,  # the DRA driver places the devices
+        "vllm-trn2-eagle Deployment": "my-scheduler",  # 8 of 64: the same rule for engine vllm
+        "vllm-trn2-3xlarge Deployment": None,  # 4 of 4
+        "vllm-inf2-nxdi Deployment": "my-scheduler",  # 8 of 24
+        "vllm-trn1-autoscale Deployment": None,  # 32 of 32
     }
     custom = golden.target("inf2-hf", schedulerName="volcano")
     assert builders.deployment(custom)["spec"]["template"]["spec"]["schedulerName"] == "volcano"

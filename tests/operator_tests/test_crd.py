@@ -368,6 +368,7 @@ def test_printer_columns(crd):
     columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
     assert [(c["name"], c["type"], c["jsonPath"]) for c in columns] == [
         ("Phase", "string", ".status.phase"),
+        ("Engine", "string", ".spec.engine"),
         ("Framework", "string", ".status.resolved.framework"),
         ("TP", "integer", ".spec.parallelism.tensorParallelDegree"),
         ("Ready", "string", ".status.ready"),

@@ -11,7 +11,7 @@ from neuronmodel_operator.builders.common import (Target, owner_reference, selec
                                                   served_record, serving_selector, target_from_body, workload_name,
                                                   workload_ref)
 from neuronmodel_operator.builders.configmap import (config_hash, configmap, runtime_config, runtime_config_json,
-                                                     runtime_configmap_name)
+                                                     runtime_configmap_name, serving_configmap_name)
 from neuronmodel_operator.builders.deployment import deployment
 from neuronmodel_operator.builders.dra import resource_claim_template
 from neuronmodel_operator.builders.hpa import hpa
@@ -26,14 +26,14 @@ __all__ = [
     "runtime_config", "runtime_config_json", "config_hash", "deployment", "leaderworkerset", "service", "endpoint",
     "compile_job", "pdb", "hpa", "pod_spec", "pod_template", "startup_budget_s", "owner_reference", "selector",
     "serving_selector", "selector_string", "workload_name", "workload_ref", "compile_name",
-    "runtime_configmap_name", "served_record", "resource_claim_template",
+    "runtime_configmap_name", "serving_configmap_name", "served_record", "resource_claim_template",
 ]
 
 
 def serving_children(target: Target) -> list[dict[str, Any]]:
-    """The serving children in apply order: the ConfigMap (and, on DRA, the ResourceClaimTemplate) before the pods
-    that use them, then the Deployment (nodes == 1) or LeaderWorkerSet, the Service, the PDB and the HPA when
-    wanted."""
+    """The serving children in apply order: the ConfigMap (none for engine vllm; and, on DRA, the
+    ResourceClaimTemplate) before the pods that use them, then the Deployment (nodes == 1) or LeaderWorkerSet, the
+    Service, the PDB and the HPA when wanted."""
     workload = leaderworkerset(target) if target.multi_node else deployment(target)
     children = [configmap(target), resource_claim_template(target), workload, service(target), pdb(target),
                 hpa(target)]

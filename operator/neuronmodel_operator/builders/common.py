@@ -124,8 +124,19 @@ def metadata(target: Target, name: str, component: str,
     return meta
 
 
+#: Fields added after the record's first release, written only away from these defaults: the record of a model
+#: that does not use them stays byte-identical across the operator's upgrade (reading back fills the defaults).
+_LATER_SPEC_DEFAULTS = {"engine": api.DEFAULT_ENGINE}
+_LATER_RESOLVED_DEFAULTS = {"fetch_image": None}
+
+
+def _without(record: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key not in defaults or value != defaults[key]}
+
+
 def served_record(target: Target) -> str:
     """api.ANNOTATION_SERVED on the workload: canonical JSON of the spec its pods run and of what it resolved to
     (served.py reads it back to keep serving it while a new compile key's Job runs)."""
-    return json.dumps({"spec": target.spec.model_dump(mode="json", by_alias=True),
-                       "resolved": dataclasses.asdict(target.resolved)}, sort_keys=True, separators=(",", ":"))
+    spec = _without(target.spec.model_dump(mode="json", by_alias=True), _LATER_SPEC_DEFAULTS)
+    resolved = _without(dataclasses.asdict(target.resolved), _LATER_RESOLVED_DEFAULTS)
+    return json.dumps({"spec": spec, "resolved": resolved}, sort_keys=True, separators=(",", ":"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
@@ -143,12 +143,19 @@ def runtime_configmap_name(target: Target) -> str:
     return f"{target.name}-runtime-{config_hash(target)[:CONTENT_CHARS]}"
 
 
+def serving_configmap_name(target: Target) -> Optional[str]:
+    """The serving pods' ConfigMap (`runtime_configmap_name`); None for engine vllm, whose pods read none: vLLM
+    takes the spec as flags."""
+    return None if target.spec.engine == "vllm" else runtime_configmap_name(target)
+
+
 def config_map(target: Target, name: str, component: str, for_compile: bool = False) -> dict[str, Any]:
     """An immutable ConfigMap `name` holding the RuntimeConfig (of the compile Job with `for_compile`)."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(target, name, component),
             "immutable": True, "data": {CONFIG_KEY: runtime_config_json(target, for_compile)}}
 
 
-def configmap(target: Target) -> dict[str, Any]:
-    """The config of the spec being served (`runtime_configmap_name`)."""
-    return config_map(target, runtime_configmap_name(target), COMPONENT_SERVER)
+def configmap(target: Target) -> Optional[dict[str, Any]]:
+    """The config of the spec being served (`runtime_configmap_name`); None for engine vllm."""
+    name = serving_configmap_name(target)
+    return None if name is None else config_map(target, name, COMPONENT_SERVER)

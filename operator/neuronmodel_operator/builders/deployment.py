@@ -7,7 +7,7 @@ from typing import Any
 from neuronmodel_operator import api
 from neuronmodel_operator.builders.common import (COMPONENT_SERVER, Target, metadata, selector, served_record,
                                                   workload_name)
-from neuronmodel_operator.builders.configmap import runtime_configmap_name
+from neuronmodel_operator.builders.configmap import serving_configmap_name
 from neuronmodel_operator.builders.pod import pod_template, startup_budget_s
 
 REVISION_HISTORY = 3
@@ -33,7 +33,7 @@ def deployment(target: Target) -> dict[str, Any]:
         "revisionHistoryLimit": REVISION_HISTORY,
         # Only a condition (ProgressDeadlineExceeded), never a kill: status reports a rollout that is stuck.
         "progressDeadlineSeconds": startup_budget_s(target) + PROGRESS_MARGIN_S,
-        "template": pod_template(target, "serve", runtime_configmap_name(target)),
+        "template": pod_template(target, "serve", serving_configmap_name(target)),
     })
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": metadata(target, workload_name(target), COMPONENT_SERVER,

@@ -14,7 +14,7 @@ from neuronmodel_operator import api
 from neuronmodel_operator.builders.common import (COMPONENT_SERVER, LWS_API_VERSION, LWS_KIND, Target, metadata,
                                                   served_record, workload_name)
 from neuronmodel_operator.builders.deployment import rolling_update
-from neuronmodel_operator.builders.configmap import runtime_configmap_name
+from neuronmodel_operator.builders.configmap import serving_configmap_name
 from neuronmodel_operator.builders.pod import pod_template
 
 
@@ -29,8 +29,8 @@ def leaderworkerset(target: Target) -> dict[str, Any]:
             "size": target.spec.parallelism.nodes,
             # A group is one model sharded over its nodes: one pod lost means the whole group restarts.
             "restartPolicy": "RecreateGroupOnPodRestart",
-            "leaderTemplate": pod_template(target, "serve", runtime_configmap_name(target)),
-            "workerTemplate": pod_template(target, "worker", runtime_configmap_name(target)),
+            "leaderTemplate": pod_template(target, "serve", serving_configmap_name(target)),
+            "workerTemplate": pod_template(target, "worker", serving_configmap_name(target)),
         },
         "startupPolicy": "LeaderCreated",
         "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling_update(target)},

@@ -11,6 +11,10 @@ issue).
 Sizing (`sizing.py`): the runtime container requests its share of the node's CPU and RAM and the ephemeral
 storage its emptyDirs may fill, each emptyDir has a sizeLimit, and spec.resources overrides any of these requests.
 Serving pods spread over nodes and zones (`topology_spread`).
+
+Engine vllm (spec.engine) changes the container only: AWS's vLLM Neuron image running `vllm serve` with the spec
+as vLLM's flags and environment (`vllm.py`), probed on /health (vLLM has no /ready), and no RuntimeConfig volume;
+its download init containers run our runtime image (Resolved.fetch_image). Everything else is shared.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Literal, Mapping, Optional, Sequence
 
 from neuronmodel_operator import api, devices
 from neuronmodel_operator.api import SpecError
-from neuronmodel_operator.builders import dra, sizing, sources
+from neuronmodel_operator.builders import dra, sizing, sources, vllm
 from neuronmodel_operator.builders.common import COMPONENT_COMPILE, COMPONENT_SERVER, Target, labels, selector
 from neuronmodel_operator.builders.configmap import DRAIN_TIMEOUT_S
 from neuronmodel_runtime.config import env as runtime_env
@@ -127,14 +131,17 @@ def _http_get(path: str) -> dict[str, Any]:
 
 
 def probes(target: Target) -> dict[str, Any]:
-    """startupProbe on /ready sized by `startup_budget_s`; then readiness /ready and liveness /health.
+    """startupProbe on /ready sized by `startup_budget_s`; then readiness /ready and liveness /health. vLLM has no
+    /ready: its /health answers only once the engine is up (the port opens after compile and warm-up), so engine
+    vllm is probed on /health throughout.
 
     Liveness only starts once the startup probe has passed, so a long compile is never killed by it.
     """
+    ready = "/health" if _is_vllm(target) else "/ready"
     return {
-        "startupProbe": {**_http_get("/ready"), "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 5,
+        "startupProbe": {**_http_get(ready), "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 5,
                          "failureThreshold": startup_budget_s(target) // STARTUP_PERIOD_S},
-        "readinessProbe": {**_http_get("/ready"), "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {**_http_get(ready), "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {**_http_get("/health"), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
     }
 
@@ -149,20 +156,22 @@ def _empty_dir(name: str, size: str, medium: Optional[str] = None) -> dict[str, 
     return {"name": name, "emptyDir": {**({"medium": medium} if medium else {}), "sizeLimit": size}}
 
 
-def volumes_and_mounts(target: Target, config_map: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The pod's volumes (the RuntimeConfig from ConfigMap `config_map`; emptyDirs sized by `volume_sizes_gib`) and
-    the runtime container's volumeMounts."""
+def volumes_and_mounts(target: Target,
+                       config_map: Optional[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes (the RuntimeConfig from ConfigMap `config_map`, none for engine vllm; emptyDirs sized by
+    `volume_sizes_gib`) and the runtime container's volumeMounts."""
     sizes = {name: f"{gib}Gi" for name, gib in sizing.volume_sizes_gib(target).items()}
-    volumes = [{"name": "config", "configMap": {"name": config_map}},
-               _empty_dir("shm", sizing.shm_size(target), "Memory"),
+    volumes = [_empty_dir("shm", sizing.shm_size(target), "Memory"),
                _empty_dir("tmp", sizes["tmp"]),
                _empty_dir("cache", sizes["cache"]),
                _empty_dir("neuron-cache", sizes["neuron-cache"])]
-    mounts = [{"name": "config", "mountPath": sources.CONFIG_DIR, "readOnly": True},
-              {"name": "shm", "mountPath": "/dev/shm"},
+    mounts = [{"name": "shm", "mountPath": "/dev/shm"},
               {"name": "tmp", "mountPath": "/tmp"},
               {"name": "cache", "mountPath": CACHE_DIR},
               {"name": "neuron-cache", "mountPath": "/var/tmp"}]
+    if config_map is not None:
+        volumes.insert(0, {"name": "config", "configMap": {"name": config_map}})
+        mounts.insert(0, {"name": "config", "mountPath": sources.CONFIG_DIR, "readOnly": True})
     for placed in _mounts(target):
         if placed.volume is None or any(v["name"] == placed.volume["name"] for v in volumes):
             continue  # an s3:// cache; or the models emptyDir that the model and the draft share
@@ -190,7 +199,8 @@ def init_containers(target: Target) -> list[dict[str, Any]]:
         if token is not None and placed.source.startswith("hf://"):
             env.append(_secret_env(runtime_env.HF_TOKEN, token))
         env.append({"name": "HOME", "value": "/tmp"})
-        init: dict[str, Any] = {"name": placed.init_name, "image": target.resolved.image,
+        image = target.resolved.fetch_image or target.resolved.image  # the vLLM image has no neuronmodel-runtime
+        init: dict[str, Any] = {"name": placed.init_name, "image": image,
                                 "command": list(placed.fetch), "env": env,
                                 "resources": resources(target, sizing.fetch_requests(target), {})}
         init["securityContext"] = security_context()
@@ -233,12 +243,21 @@ def topology_spread(target: Target) -> list[dict[str, Any]]:
             for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
 
 
+def _is_vllm(target: Target) -> bool:
+    return target.spec.engine == "vllm"
+
+
 def _container(target: Target, command: Sequence[str], role: Role, mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The `runtime` container; probes and the http port on serving pods only (role "serve")."""
-    out: dict[str, Any] = {"name": CONTAINER_NAME, "image": target.resolved.image, "command": list(command)}
+    """The `runtime` container; probes and the http port on serving pods only (role "serve"). Engine vllm: the
+    image's entrypoint runs `vllm serve` from the args (`command` unused), in a writable working directory."""
+    out: dict[str, Any] = {"name": CONTAINER_NAME, "image": target.resolved.image}
+    if _is_vllm(target):
+        out.update(args=vllm.serve_args(target), workingDir=vllm.WORKING_DIR)
+    else:
+        out["command"] = list(command)
     if role == "serve":
         out["ports"] = [{"name": api.SERVER_PORT_NAME, "containerPort": target.spec.server.port, "protocol": "TCP"}]
-    out["env"] = _env(target)
+    out["env"] = vllm.env(target, startup_budget_s(target)) if _is_vllm(target) else _env(target)
     out["resources"] = runtime_resources(target)
     if role == "serve":
         out.update(probes(target))
@@ -249,10 +268,10 @@ def _container(target: Target, command: Sequence[str], role: Role, mounts: list[
     return out
 
 
-def pod_spec(target: Target, command: Sequence[str], role: Role, config_map: str) -> dict[str, Any]:
+def pod_spec(target: Target, command: Sequence[str], role: Role, config_map: Optional[str]) -> dict[str, Any]:
     """The PodSpec of `role`: "serve" (Deployment, LWS leader), "worker" (LWS workers; the multi-node issue gives
     them their health checks) or "compile" (the compile Job: restartPolicy Never, no probes), reading its
-    RuntimeConfig from ConfigMap `config_map`."""
+    RuntimeConfig from ConfigMap `config_map` (None: engine vllm, which reads none)."""
     volumes, mounts = volumes_and_mounts(target, config_map)
     spec: dict[str, Any] = {
         # The runtime never calls the Kubernetes API. IRSA and EKS Pod Identity are unaffected: their webhooks
@@ -278,7 +297,7 @@ def pod_spec(target: Target, command: Sequence[str], role: Role, config_map: str
     return spec
 
 
-def pod_template(target: Target, role: Role, config_map: str,
+def pod_template(target: Target, role: Role, config_map: Optional[str],
                  command: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """A pod template: our labels; the compile key; Prometheus scrape annotations on serving pods. `config_map` is
     the content-named ConfigMap of its RuntimeConfig (a new config is a new name, so it rolls the pods, and a pod of

@@ -6,7 +6,8 @@
 - `limits.py`: a model's own length limit (its config.json);
 - `env.py`: the environment variables the operator sets on the pods and the runtime reads;
 - `sources.py`: the model-source grammar (hf://, s3://, pvc://, paths), also the CRD's CEL pattern;
-- `rules.py`: the rules across fields that the CRD's CEL checks too.
+- `rules.py`: the rules across fields that the CRD's CEL checks too;
+- `buckets.py`: the bucket rule (NxDI's, TNx's) the runners compile with and the operator hands to vLLM Neuron.
 
 Nothing here imports torch, the server, the engine or the runners (the operator imports this package).
 """
