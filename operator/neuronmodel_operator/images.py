@@ -33,6 +33,9 @@ them):
 - transformers-neuronx is last in the SDK 2.25 image (end of support 2025-09-16).
 What AWS says about each line is in the runtime's release table (neuronmodel_runtime/releases.py: pure data, the
 one table both sides read); `support` applies it to an image.
+
+Engine vllm (api.NeuronModelSpec.engine) runs AWS's vLLM Neuron images as they are, one per instance family
+(`VLLM_IMAGES`, `vllm_image_for`): they are not Dockerfile targets, and the README's Engines table lists them.
 """
 
 from __future__ import annotations

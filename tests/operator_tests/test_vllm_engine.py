@@ -283,3 +283,12 @@ def test_the_served_record_names_the_engine_and_reads_back():
     record = json.loads(builders.served_record(t))
     assert record["spec"]["engine"] == "vllm" and record["resolved"]["fetch_image"] == t.resolved.fetch_image
     assert "engine" not in json.loads(builders.served_record(golden.target("inf2-hf")))["spec"]
+
+
+def test_the_readme_lists_the_images_as_the_table_has_them():
+    readme = (golden.GOLDEN_DIR.parents[2] / "README.md").read_text()
+    for image in images.VLLM_IMAGES:
+        row = next(line for line in readme.splitlines() if f"`{image.tag}`" in line)
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[1:] == [f"`{image.tag}`", cells[2], image.vllm, image.sdk, image.node], row
+        assert cells[2].lower().startswith(image.line), row
