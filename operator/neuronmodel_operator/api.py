@@ -307,6 +307,10 @@ _VLLM_RULES = (
     ("self.engine != 'vllm' || (!has(self.compileCache.url) && !self.compileCache.shardedWeights)",
      "compileCache must be unset with engine vllm: the compile Job for the vLLM engine is not built yet, so its pods "
      "compile the model at start, without a cache; remove spec.compileCache, or use engine neuronmodel"),
+    (f"self.engine != 'vllm' || !has(self.instanceType) || ({_NEURON_PREFIX_CEL})",
+     "instanceType must be a Neuron instance type with engine vllm: vLLM Neuron serves inf2, trn1 and trn2; set one "
+     "(or leave it out for the smallest that holds the TP degree), or use engine neuronmodel with framework torch "
+     "for a CPU node"),
     ("self.engine != 'vllm' || self.parallelism.nodes == 1",
      "parallelism.nodes must be 1 with engine vllm: vLLM Neuron serves no tensor parallelism across nodes; use one "
      "node (a larger instanceType), or engine neuronmodel"),

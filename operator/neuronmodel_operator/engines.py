@@ -9,6 +9,7 @@ it depends on the line, that is on the resolved instance family.
 
 from __future__ import annotations
 
+from neuronmodel_operator import devices
 from neuronmodel_operator.api import NeuronModelSpec, SpecError
 from neuronmodel_operator.images import VllmImage
 
@@ -51,6 +52,10 @@ def check_vllm(spec: NeuronModelSpec) -> None:
     if spec.compile_cache.url is not None or spec.compile_cache.sharded_weights:
         raise SpecError("spec.compileCache: the compile Job for the vLLM engine is not built yet, so its pods compile "
                         "the model at start, without a cache; remove spec.compileCache, or use engine neuronmodel")
+    if spec.instance_type is not None and not devices.is_neuron_instance(spec.instance_type):
+        raise SpecError(f"spec.instanceType: {spec.instance_type} is not a Neuron instance type, and vLLM Neuron serves "
+                        "inf2, trn1 and trn2; set one, or leave instanceType out, or use engine neuronmodel with "
+                        "framework torch for a CPU node")
     if spec.parallelism.nodes != 1:
         raise SpecError("spec.parallelism.nodes must be 1 with engine vllm: vLLM Neuron serves no tensor parallelism "
                         "across nodes; use one node (a larger instanceType), or engine neuronmodel")

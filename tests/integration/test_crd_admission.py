@@ -351,6 +351,8 @@ REJECTED = [
     ("vllm-sharded-weights", _merge(TRN1, {**VLLM, "compileCache": {"shardedWeights": True}}), VLLM_CACHE),
     ("vllm-two-nodes", _merge(TRN1, {**VLLM, "parallelism": {"tensorParallelDegree": 64, "nodes": 2}}),
      VLLM_NODES),
+    ("vllm-on-m5", _merge(INF2, {**VLLM, "instanceType": "m5.xlarge", "parallelism": {"tensorParallelDegree": 1}}),
+     "instanceType must be a Neuron instance type with engine vllm"),
 ]
 
 

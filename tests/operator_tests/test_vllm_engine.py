@@ -65,7 +65,7 @@ def test_the_crd_declares_the_engine_with_its_default_and_rules():
     assert spec["properties"]["engine"]["default"] == "neuronmodel"
     rules = {r["rule"]: r["message"] for r in spec["x-kubernetes-validations"]}
     vllm_rules = {rule: message for rule, message in rules.items() if rule.startswith("self.engine != 'vllm'")}
-    assert len(vllm_rules) == 4
+    assert len(vllm_rules) == 5
     for message in vllm_rules.values():  # each names the field, says why, and how to fix it
         assert "with engine vllm" in message or "by engine vllm" in message, message
         assert "or engine neuronmodel" in message or "or use engine neuronmodel" in message, message
@@ -82,6 +82,7 @@ def test_the_crd_declares_the_engine_with_its_default_and_rules():
     ({"compileCache": {"shardedWeights": True}}, "spec.compileCache"),
     ({"parallelism": {"tensorParallelDegree": 64, "nodes": 2}, "instanceType": "trn1.32xlarge"},
      "spec.parallelism.nodes"),
+    ({"instanceType": "m5.xlarge", "parallelism": {"tensorParallelDegree": 1}}, "spec.instanceType"),
 ])
 def test_resolve_refuses_what_the_crd_refuses(change, field):
     """For a spec admitted under an older CRD (revision 3 had no engine rules)."""
