@@ -164,7 +164,7 @@ def env(target: Target, startup_budget_s: int) -> list[dict[str, Any]]:
     if line == "nxdi":
         # the plugin loads the compiled model from here, else compiles and saves it here; unset, it would write
         # next to the model, on a read-only mount
-        out.append({"name": "NEURON_COMPILED_ARTIFACTS", "value": NXDI_ARTIFACTS})
+        out.append({"name": runtime_env.COMPILED_ARTIFACTS, "value": NXDI_ARTIFACTS})
     else:
         # the SDK's deployment guide: without EFA the server does not start unless told; these pods request no EFA
         out += [{"name": "NEURON_SKIP_EFA_AFFINITY", "value": "1"},

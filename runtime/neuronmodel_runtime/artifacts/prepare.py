@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 POLICIES = ("IfNotCached", "Always", "Never")
 #: vLLM's variable for a compiled-artifacts folder; when set, it is this host's folder for them.
-COMPILED_ARTIFACTS_ENV = "NEURON_COMPILED_ARTIFACTS"
+COMPILED_ARTIFACTS_ENV = env_names.COMPILED_ARTIFACTS
 #: neuronx-cc's persistent cache (NEFFs by HLO hash; a path or s3://), read by libneuronxla at each compile.
 NEURON_CACHE_ENV = env_names.NEURON_COMPILE_CACHE_URL
 

@@ -19,6 +19,9 @@ INSTANCE_FAMILY = ENV_PREFIX + "INSTANCE_FAMILY"
 CACHE = ENV_PREFIX + "CACHE"
 #: trn2's logical NeuronCore config (1 or 2), the Neuron runtime's own variable: spec.parallelism.logicalCoreConfig.
 LOGICAL_NC_CONFIG = "NEURON_LOGICAL_NC_CONFIG"
+#: The folder NxDI's compiled model is loaded from (and saved to): our runtime sets it for the NxDI runner, the operator
+#: for vLLM Neuron's NxDI-line plugin, which reads it itself.
+COMPILED_ARTIFACTS = "NEURON_COMPILED_ARTIFACTS"
 #: neuronx-cc's persistent cache (NEFFs by HLO hash), the Neuron compiler's own variable.
 NEURON_COMPILE_CACHE_URL = "NEURON_COMPILE_CACHE_URL"
 #: The Hugging Face token of gated or private hf:// sources, given to the download init containers only.

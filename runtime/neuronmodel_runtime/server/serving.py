@@ -167,6 +167,8 @@ class Generation:
                 yield event
             async for index, out in self.outputs():
                 if out.finish_reason == FINISH_ERROR:
+                    if out.text or out.logprobs:  # increments merged into the error output (a reader behind)
+                        yield render(index, replace(out, finished=False, finish_reason=None))
                     yield error_event(out.error or "the model runner failed")
                     break
                 if out.text or out.finished or out.logprobs:
