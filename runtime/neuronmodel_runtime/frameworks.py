@@ -20,8 +20,6 @@ from typing import Any, Callable, Mapping, Optional
 from neuronmodel_runtime.config import env as env_names
 from neuronmodel_runtime.releases import RELEASES, known, release_of, support_facts
 
-#: Set by the operator on serving pods and compile Jobs: the instance family (inf2, trn1, trn2) the pod runs on.
-INSTANCE_FAMILY_ENV = env_names.INSTANCE_FAMILY
 
 #: framework -> (import name, distribution name)
 PACKAGES = {
@@ -213,7 +211,7 @@ def _select(requested: str, detection: FrameworkDetection) -> FrameworkSelection
 def report(requested: str, detection: FrameworkDetection, env: Mapping[str, str] = os.environ) -> dict:
     """The JSON printed by `neuronmodel-runtime info` and served in /v1/info."""
     out: dict = {"requested": requested, "detected": asdict(detection),
-                 "releases": written_against(detection, env.get(INSTANCE_FAMILY_ENV) or None)}
+                 "releases": written_against(detection, env.get(env_names.INSTANCE_FAMILY) or None)}
     try:
         out["selected"] = asdict(select_framework(requested, detection))
     except FrameworkError as exc:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Protocol, TypeVar
 
-from neuronmodel_runtime.artifacts.folder import FETCH_MARKER
+from neuronmodel_runtime.artifacts.folder import FETCH_MARKER, stays_inside
 from neuronmodel_runtime.config import env
 from neuronmodel_runtime.config.sources import ModelSource
 
@@ -54,11 +54,6 @@ class FetchError(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(_redact(message))
-
-
-def _is_relative(path: str) -> bool:
-    """`path` is a relative POSIX path with no empty, `.` or `..` part: it cannot leave its folder."""
-    return all(part not in ("", ".", "..") for part in path.split("/"))
 
 
 def select_hf_files(paths: Iterable[str]) -> list[str]:
@@ -252,7 +247,7 @@ class S3:
                 name = obj["Key"][len(self.prefix):]
                 if name.endswith("/") or name in (FETCH_MARKER, PROGRESS):  # folder placeholders; a fetch's records
                     continue
-                if not _is_relative(name):
+                if not stays_inside(name):
                     raise FetchError(f"{self.source.url}: the object key {obj['Key']!r} has an empty, '.' or '..' "
                                      "path part, which cannot be a file under DEST: rename it")
                 files.append(RemoteFile(name, obj["Size"], obj["ETag"]))

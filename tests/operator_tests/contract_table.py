@@ -10,7 +10,6 @@ OpenAPI bounds and CEL rules) on the same table.
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -20,6 +19,7 @@ from pydantic import ValidationError
 from neuronmodel_operator import api
 from neuronmodel_operator.builders.configmap import runtime_config_for
 from neuronmodel_runtime.config import RuntimeConfig
+from operator_tests.merge_patch import merge_patch
 
 #: The reference runner, no instance type: none of the CRD's placement rules apply.
 BASE = {"model": {"source": "hf://org/model"}, "framework": "torch", "replicas": 1}
@@ -34,19 +34,7 @@ class Case:
 
     @property
     def spec(self) -> dict[str, Any]:
-        return _merge(BASE, self.change)
-
-
-def _merge(base: dict, change: dict) -> dict:
-    merged = copy.deepcopy(base)
-    for key, value in change.items():
-        if value is None:
-            merged.pop(key, None)
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
+        return merge_patch(BASE, self.change)
 
 
 def _source(url: str) -> dict:

@@ -8,6 +8,7 @@ import json
 from typing import Optional
 
 import pytest
+from operator_tests.merge_patch import merge_patch
 from runtime_tests.helpers.fake_hf_hub import FakeHub
 
 from neuronmodel_operator import api
@@ -98,7 +99,7 @@ class FakeKube:
         before = self.objects.get(key)
         if field_manager != api.FIELD_MANAGER:  # a partial object of another manager: merged into the live one
             assert before is not None, "the hand-over applies to a live object only"
-            stored = _merge(before, manifest)
+            stored = merge_patch(before, manifest)
         else:
             stored = copy.deepcopy(manifest)
         if before is not None and kind == "Job" and before["spec"]["template"] != stored["spec"]["template"]:
@@ -145,25 +146,12 @@ class FakeKube:
         body = self.objects.get((api.KIND, namespace, name))
         if body is None:
             return None
-        body["status"] = _merge(body.get("status") or {}, status)
+        body["status"] = merge_patch(body.get("status") or {}, status)
         return copy.deepcopy(body)
 
     def event(self, owner: dict, type_: str, reason: str, message: str) -> None:
         assert owner["metadata"]["uid"] == UID
         self.events.append((type_, reason, message))
-
-
-def _merge(target: dict, patch: dict) -> dict:
-    """RFC 7386 JSON merge patch."""
-    out = copy.deepcopy(target)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def body(spec: dict, generation: int = 1) -> dict:

@@ -60,6 +60,12 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def stays_inside(path: str) -> bool:
+    """`path` is a relative POSIX path with no empty, `.` or `..` part: as a name under a folder, it cannot leave it
+    (an absolute path starts with an empty part)."""
+    return all(part not in ("", ".", "..") for part in path.split("/"))
+
+
 def has_files(folder: Path, sizes: Iterable[tuple[str, int]]) -> bool:
     """Every (relative path, size) is a file in `folder` of that size; False for a malformed record too."""
     try:
@@ -217,4 +223,4 @@ def locked(lock: Path) -> Iterator[None]:
 
 
 __all__ = ["ARTIFACTS_MARKER", "FETCH_MARKER", "has_files", "install", "locked", "read_json", "scan_files", "staging",
-           "sweep", "write_json"]
+           "stays_inside", "sweep", "write_json"]

@@ -27,10 +27,8 @@ from neuronmodel_runtime.artifacts.folder import (ARTIFACTS_MARKER, FETCH_MARKER
                                                   write_json)
 from neuronmodel_runtime.config import RuntimeConfig, cache_root
 from neuronmodel_runtime.config import env as env_names
-from neuronmodel_runtime.frameworks import INSTANCE_FAMILY_ENV, FrameworkDetection, detect_frameworks
+from neuronmodel_runtime.frameworks import FrameworkDetection, detect_frameworks
 
-#: The node's logical NeuronCore config (trn2), which the compiler targets.
-LNC_ENV = env_names.LOGICAL_NC_CONFIG
 #: The files whose bytes are the model's weights (and what turns them into a graph: config and tokenizer aside).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
@@ -120,8 +118,8 @@ def key_inputs(config: RuntimeConfig, model_dir: Path, framework: str, framework
         "framework_version": framework_version,
         "versions": {**{name: v for name, v in found.related.items() if v}, "torch": found.installed.get("torch"),
                      "neuron_runtime": found.neuron_runtime},
-        "instance_family": env.get(INSTANCE_FAMILY_ENV) or None,
-        "logical_nc_config": env.get(LNC_ENV) or None,
+        "instance_family": env.get(env_names.INSTANCE_FAMILY) or None,
+        "logical_nc_config": env.get(env_names.LOGICAL_NC_CONFIG) or None,  # the compiler's target (trn2)
         "tensor_parallel_degree": config.parallelism.tensor_parallel_degree,
         "nodes": config.parallelism.nodes,
         "shape": dict(shape),
@@ -144,5 +142,5 @@ def write_marker(folder: Path, key: ArtifactKey, origin: str) -> None:
     write_json(folder / ARTIFACTS_MARKER, record)
 
 
-__all__ = ["INSTANCE_FAMILY_ENV", "LNC_ENV", "ArtifactKey", "artifact_key", "canonical_json", "is_prepared",
+__all__ = ["ArtifactKey", "artifact_key", "canonical_json", "is_prepared",
            "key_inputs", "model_identity", "write_marker"]

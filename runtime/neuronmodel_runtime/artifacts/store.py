@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from neuronmodel_runtime.artifacts.folder import ARTIFACTS_MARKER, install, scan_files, staging
+from neuronmodel_runtime.artifacts.folder import ARTIFACTS_MARKER, install, scan_files, staging, stays_inside
 from neuronmodel_runtime.artifacts.key import ArtifactKey, write_marker
 
 log = logging.getLogger(__name__)
@@ -101,14 +101,10 @@ class Manifest:
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"not a manifest ({type(exc).__name__}: {exc})") from exc
         paths = [f.path for f in files]
-        bad = [p for p in paths if not _is_relative(p) or p == MANIFEST]
+        bad = [p for p in paths if not stays_inside(p) or p == MANIFEST]
         if bad or len(set(paths)) != len(paths):
             raise ValueError(f"bad or repeated file paths {bad or paths}")
         return manifest
-
-
-def _is_relative(path: str) -> bool:
-    return not path.startswith("/") and all(part not in ("", ".", "..") for part in path.split("/"))
 
 
 def _now_iso() -> str:

@@ -10,7 +10,8 @@ import os
 from types import ModuleType
 from typing import Any, Mapping, Optional
 
-from neuronmodel_runtime.frameworks import INSTANCE_FAMILY_ENV, NEURON_INSTALL_HINT
+from neuronmodel_runtime.config import env as env_names
+from neuronmodel_runtime.frameworks import NEURON_INSTALL_HINT
 from neuronmodel_runtime.releases import known, release_of, support_facts
 from neuronmodel_runtime.runners.base import RunnerError
 
@@ -44,7 +45,7 @@ def release_warning(framework: str, version: str) -> str | None:
 def aws_support(framework: str, version: str, env: Mapping[str, str] = os.environ) -> Optional[dict[str, Any]]:
     """Whether AWS still patches this release line on this pod's instance family (the operator sets
     $NEURONMODEL_INSTANCE_FAMILY), for runner.info(); None for a version the runner was not written against."""
-    return support_facts(framework, version, env.get(INSTANCE_FAMILY_ENV) or None)
+    return support_facts(framework, version, env.get(env_names.INSTANCE_FAMILY) or None)
 
 
 __all__ = ["aws_support", "import_library", "release_warning"]

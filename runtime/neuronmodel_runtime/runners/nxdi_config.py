@@ -18,8 +18,6 @@ from neuronmodel_runtime.runners.neuron_overrides import refuse_managed_override
 
 #: RuntimeConfig.dtype -> NeuronConfig.torch_dtype ("auto" is bfloat16 on Neuron, NxDI's own default).
 TORCH_DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
-#: The logical NeuronCore config of the node (trn2: 1 or 2), set by the operator; NxDI reads it before any kwarg.
-LNC_ENV = env_names.LOGICAL_NC_CONFIG
 
 
 def speculation_length(config: RuntimeConfig) -> int:
@@ -70,10 +68,11 @@ def neuron_config_kwargs(config: RuntimeConfig, eagle3: bool = False,
             kwargs["enable_eagle_speculation"] = True
             if eagle3:
                 kwargs["is_eagle3"] = True
-    if env.get(LNC_ENV):
-        if env[LNC_ENV] not in ("1", "2"):
-            raise RunnerError(f"{LNC_ENV}={env[LNC_ENV]!r}: the logical NeuronCore config is 1 or 2")
-        kwargs["logical_nc_config"] = int(env[LNC_ENV])
+    lnc = env.get(env_names.LOGICAL_NC_CONFIG)  # the node's (trn2: 1 or 2); NxDI would read it before any kwarg
+    if lnc:
+        if lnc not in ("1", "2"):
+            raise RunnerError(f"{env_names.LOGICAL_NC_CONFIG}={lnc!r}: the logical NeuronCore config is 1 or 2")
+        kwargs["logical_nc_config"] = int(lnc)
     nodes = config.parallelism.nodes
     if nodes > 1:
         kwargs["local_ranks_size"] = config.parallelism.tensor_parallel_degree // nodes
@@ -95,7 +94,7 @@ MANAGED_KEYWORDS = {
     "on_device_sampling_config": "sampling.on_device and sampling.global_top_k",
     **dict.fromkeys(("speculation_length", "enable_fused_speculation", "enable_eagle_speculation", "is_eagle3"),
                     "speculation.mode and speculation.num_speculative_tokens"),
-    "logical_nc_config": f"${LNC_ENV} (the operator's parallelism.logicalCoreConfig)",
+    "logical_nc_config": f"${env_names.LOGICAL_NC_CONFIG} (the operator's parallelism.logicalCoreConfig)",
     "output_logits": "the runner (it reads tokens, or the last position's logits)",
 }
 
@@ -107,5 +106,5 @@ def unknown_overrides(neuron_config: Any, overrides: Mapping[str, Any]) -> list[
     return sorted(key for key in overrides if not hasattr(neuron_config, key))
 
 
-__all__ = ["LNC_ENV", "MANAGED_KEYWORDS", "TORCH_DTYPES", "neuron_config_kwargs", "speculation_length",
+__all__ = ["MANAGED_KEYWORDS", "TORCH_DTYPES", "neuron_config_kwargs", "speculation_length",
            "unknown_overrides"]

@@ -55,8 +55,10 @@ def test_versions_target_lnc_and_parallelism_are_in_the_inputs(tmp_path):
     assert other_compiler["versions"] != bare["versions"]
 
 
-def test_the_operator_sets_the_variable_the_key_reads():
+def test_the_operator_sets_the_variable_the_key_reads(tmp_path):
     from neuronmodel_operator import api
-    from neuronmodel_runtime.artifacts.key import INSTANCE_FAMILY_ENV
 
-    assert api.ENV_INSTANCE_FAMILY == INSTANCE_FAMILY_ENV
+    config = load_config(None, {"model": str(TARGET)}, env={})
+    inputs = key_inputs(config, TARGET, "nxdi", "0.9.17334", {}, detection=host(),
+                        env={api.ENV_INSTANCE_FAMILY: "inf2"}, memo_dir=tmp_path)
+    assert inputs["instance_family"] == "inf2"
