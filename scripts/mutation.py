@@ -5,20 +5,24 @@ must fail the tests.
 For every mutation below, the script copies the repository's runtime and operator packages and their tests into a
 temporary directory, applies the mutation as an exact text replacement (it stops at once, naming the mutation, when
 the target text is not found exactly once, so the list cannot rot silently), runs only the test files that mutation
-needs against the mutated copy, and requires that run to FAIL. A run of all those files without any mutation must
-pass first. Each pytest process asserts, before collecting, that `neuronmodel_runtime` is imported from the copy and
+needs against the mutated copy, and requires that run to FAIL. Every selection of tests the mutations run must pass
+on the unmutated code first. Each pytest process asserts, before collecting, that `neuronmodel_runtime` is imported from the copy and
 that the imported module holds the mutated text; bytecode is never written, so no stale cache can hide a mutation.
 
 Prints one line per mutation ("caught" / "NOT CAUGHT" / "ERROR") and exits non-zero if any mutation survives, any run
-errors, or the unmutated run fails. A few minutes on 2 CPU cores (each mutated run stops at its first failure).
+errors, or the unmutated run fails. Runs go on one worker per CPU core (`-j`), each worker on its own copy with torch's
+threads split between them; each mutated run stops at its first failure.
 
-Usage: python scripts/mutation.py [--only NAME_SUBSTRING] [-v]
+Usage: python scripts/mutation.py [--only NAME_SUBSTRING] [-j JOBS] [-v]
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -46,6 +50,10 @@ TNX_SUITE = ("tests/runtime_tests/runners/test_runner_suite.py", "-k", "tnx")
 CACHE = ("tests/runtime_tests/artifacts/test_store.py",)
 NXDI_RUNNER = ("tests/runtime_tests/runners/test_nxdi_runner.py",)
 COMPILED_BUCKETS = ("tests/runtime_tests/runners/test_compiled_runner.py", "-k", "line_bucket")
+VLLM_ENGINE = ("tests/operator_tests/test_vllm_engine.py",)
+HANDOFF = ("tests/runtime_tests/artifacts/test_handoff.py",)
+TENSOR_PARALLEL = ("tests/runtime_tests/distributed/test_tensor_parallel.py",)
+CHANNEL = ("tests/runtime_tests/distributed/test_channel.py", "-k", "round_trips")
 
 
 @dataclass(frozen=True)
@@ -387,6 +395,68 @@ MUTATIONS += [
         "        raise ProcessLookupError\n",
         CACHE,
     ),
+    Mutation(
+        "vllm: the compile key leaves out the flags (a new KV block count reuses the old entry)", "vllm_flags.py",
+        '"flags": shape_args(spec, line.line), ', '', VLLM_ENGINE, package=OPERATOR,
+    ),
+    Mutation(
+        "vllm: serving pods fetch the entry without --required (a miss compiles for an hour in a serving pod)",
+        "builders/pod.py", "vllm.fetch_artifacts_command(target, True)", "vllm.fetch_artifacts_command(target, False)",
+        VLLM_ENGINE, package=OPERATOR,
+    ),
+    Mutation(
+        "vllm: the native line's serving pods may compile (no VLLM_NEURON_DISABLE_WARMUP_COMPILE)", "builders/vllm.py",
+        'if role == "serve" and target.spec.compile_cache.url is not None:', "if False:", VLLM_ENGINE,
+        package=OPERATOR,
+    ),
+    Mutation(
+        "vllm: the compile Job's vLLM is a plain init container (it would have to exit before the store runs)",
+        "builders/pod.py", '        out["restartPolicy"] = "Always"\n', "", VLLM_ENGINE, package=OPERATOR,
+    ),
+    Mutation(
+        "vllm: ArtifactsMissing read from the main containers only (the init container's reason is lost)",
+        "status.py", '(status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):\n'
+        '            for state in', '(status.get("containerStatuses") or []):\n            for state in', VLLM_ENGINE,
+        package=OPERATOR,
+    ),
+    Mutation(
+        "artifacts: store before the engine is up (a half-compiled folder becomes the entry)",
+        "artifacts/handoff.py", "waited = wait_ready(ready_url, ready_timeout_s) if ready_url else 0.0",
+        "waited = 0.0", HANDOFF,
+    ),
+    Mutation(
+        "artifacts: a required miss is no error (the serving pod starts vLLM, which compiles)",
+        "artifacts/handoff.py", "if not hit and required:", "if False:", HANDOFF,
+    ),
+    Mutation(
+        "artifacts: IfNotCached keeps any entry there (a corrupt one is never replaced)", "artifacts/handoff.py",
+        'stored = policy == "Always" or not is_prepared(Path(src), key)',
+        'stored = policy == "Always" or target.lookup(key) is None', HANDOFF,
+    ),
+    Mutation(
+        "tensor parallel: a rank's key heads taken from the query rows", "runners/tensor_parallel.py",
+        "_rows(t, q_rows + rank * kv * hd, kv * hd),",
+        "_rows(t, rank * kv * hd, kv * hd),",
+        TENSOR_PARALLEL,
+    ),
+    Mutation(
+        "tensor parallel: the MLP's partial sums never all-reduced", "runners/llama.py",
+        "x = x + self.reduce(F.linear(F.silu(gate) * up, layer.down))",
+        "x = x + F.linear(F.silu(gate) * up, layer.down)",
+        TENSOR_PARALLEL,
+    ),
+    Mutation(
+        "tensor parallel: every rank adds the output projection's bias", "runners/tensor_parallel.py",
+        "o_bias=layer.o_bias if rank == 0 else None,",
+        "o_bias=layer.o_bias,",
+        TENSOR_PARALLEL,
+    ),
+    Mutation(
+        "step broadcast: a row's logit_bias left out of the message", "distributed/channel.py",
+        'fields["sampling"] = [_shallow(row, _LOCAL_ONLY) for row in body.sampling]',
+        'fields["sampling"] = [_shallow(row, _LOCAL_ONLY + ("logit_bias",)) for row in body.sampling]',
+        CHANNEL,
+    ),
 ]
 
 #: Runs pytest in the copy after checking that the copy (and the mutated text) is what gets imported.
@@ -418,11 +488,12 @@ sys.exit(pytest.main(args))
 
 def make_copy(root: Path) -> None:
     """runtime/, operator/ and their tests copied (no bytecode), pyproject.toml (pytest's settings); tests/assets
-    crds/ (the committed CRD and samples) and scripts/ (the control plane's pins) are linked."""
+    crds/ (the committed CRD and samples), scripts/ (the control plane's pins) and README.md (tables tests read)
+    are linked."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for folder in ("runtime", "operator", "tests/runtime_tests", "tests/operator_tests"):
         shutil.copytree(REPO / folder, root / folder, ignore=ignore)
-    for linked in ("tests/assets", "crds", "scripts"):
+    for linked in ("tests/assets", "crds", "scripts", "README.md"):
         (root / linked).symlink_to(REPO / linked)
     shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
 
@@ -437,8 +508,11 @@ def check_targets(mutations: list[Mutation]) -> None:
                      f"once); update scripts/mutation.py to the current code:\n    {m.old}")
 
 
-def run_tests(root: Path, tests: tuple[str, ...], mutation: Mutation | None, verbose: bool) -> tuple[int, str, float]:
+def run_tests(root: Path, tests: tuple[str, ...], mutation: Mutation | None, verbose: bool,
+              threads: int | None = None) -> tuple[int, str, float]:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": f"{root / 'runtime'}:{root / 'operator'}"}
+    if threads:  # torch's intra-op pool, one per worker, so parallel runs do not fight over the cores
+        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     module, needle = (mutation.module, mutation.new) if mutation else ("", "")
     args = [sys.executable, "-c", BOOT, str(root), module, needle,
             "-q", "-x", "-p", "no:cacheprovider", "--rootdir", str(root), *tests]
@@ -450,44 +524,89 @@ def run_tests(root: Path, tests: tuple[str, ...], mutation: Mutation | None, ver
     return proc.returncode, output, time.monotonic() - start
 
 
+class Copies:
+    """One copy of the sources per worker: a mutation is applied to a worker's own copy, run, then undone."""
+
+    def __init__(self, tmp: Path, workers: int):
+        self.free: queue.Queue[Path] = queue.Queue()
+        for i in range(workers):
+            root = tmp / f"copy{i}"
+            root.mkdir()
+            make_copy(root)
+            self.free.put(root)
+
+    @contextlib.contextmanager
+    def take(self):
+        root = self.free.get()
+        try:
+            yield root
+        finally:
+            self.free.put(root)
+
+
+def mutated_run(copies: Copies, m: Mutation, verbose: bool, threads: int | None) -> tuple[int, str, float]:
+    with copies.take() as root:
+        target = root / m.package / m.path
+        original = target.read_text()
+        target.write_text(original.replace(m.old, m.new, 1))
+        try:
+            return run_tests(root, m.tests, m, verbose, threads)
+        finally:
+            target.write_text(original)
+
+
+def unmutated_run(copies: Copies, tests: tuple[str, ...], verbose: bool,
+                  threads: int | None) -> tuple[int, str, float]:
+    with copies.take() as root:
+        return run_tests(root, tests, None, verbose, threads)
+
+
+def verdict_of(m: Mutation, rc: int, output: str) -> tuple[str, bool, str]:
+    """("caught" / "NOT CAUGHT" / "ERROR (rc)", whether that fails the script, the first failed test)."""
+    if rc == 1:  # pytest: some tests failed
+        failed_tests = [line.split()[1] for line in output.splitlines() if line.startswith("FAILED ")]
+        return "caught     ", False, f" by {failed_tests[0].split('/')[-1]}" if failed_tests else ""
+    if rc == 0:
+        return "NOT CAUGHT ", True, ""
+    return f"ERROR ({rc})  ", True, ""  # collection error, crash, or the import check above
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="run only the mutations whose name contains this text")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the tail of every pytest run")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                        help="pytest processes at once, each on its own copy (default: one per CPU core)")
     opts = parser.parse_args()
     mutations = [m for m in MUTATIONS if not opts.only or opts.only in m.name]
     check_targets(MUTATIONS)
     started = time.monotonic()
+    jobs = max(1, opts.jobs)
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     failed = False
-    with tempfile.TemporaryDirectory(prefix="neuronmodel-mutation-") as tmp:
-        root = Path(tmp)
-        make_copy(root)
-        every_file = tuple(dict.fromkeys(t for m in mutations for t in m.tests if t.endswith(".py")))
-        rc, output, seconds = run_tests(root, every_file, None, opts.verbose)
-        if rc != 0:
-            print(output[-4000:])
-            print(f"unmutated run FAILED (exit {rc}) [{seconds:.0f}s]: fix the tests before mutating")
-            return 1
-        print(f"passes      unmutated code ({len(every_file)} test files) [{seconds:.0f}s]", flush=True)
-        for m in mutations:
-            target = root / m.package / m.path
-            original = target.read_text()
-            target.write_text(original.replace(m.old, m.new, 1))
-            try:
-                rc, output, seconds = run_tests(root, m.tests, m, opts.verbose)
-            finally:
-                target.write_text(original)
-            if rc == 1:  # pytest: some tests failed
-                verdict = "caught     "
-                failed_tests = [line.split()[1] for line in output.splitlines() if line.startswith("FAILED ")]
-                by = f" by {failed_tests[0].split('/')[-1]}" if failed_tests else ""
-            elif rc == 0:
-                verdict, failed, by = "NOT CAUGHT ", True, ""
-            else:  # collection error, crash, or the import check above
-                verdict, failed, by = f"ERROR ({rc})  ", True, ""
+    with tempfile.TemporaryDirectory(prefix="neuronmodel-mutation-") as tmp, \
+            concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        copies = Copies(Path(tmp), jobs)
+        # the unmutated code passes every test a mutation runs: each distinct selection once
+        selections = list(dict.fromkeys(m.tests for m in mutations))
+        runs = pool.map(lambda tests: unmutated_run(copies, tests, opts.verbose, threads), selections)
+        seconds = 0.0
+        for tests, (rc, output, took) in zip(selections, runs):
+            seconds += took
+            if rc != 0:
                 print(output[-4000:])
-            print(f"{verdict} {m.name}{by} [{seconds:.0f}s]", flush=True)
-    print(f"{len(mutations)} mutations in {time.monotonic() - started:.0f}s: "
+                print(f"unmutated run of {' '.join(tests)} FAILED (exit {rc}) [{took:.0f}s]: fix the tests "
+                      "before mutating")
+                return 1
+        print(f"passes      unmutated code ({len(selections)} test selections) [{seconds:.0f}s]", flush=True)
+        results = pool.map(lambda m: mutated_run(copies, m, opts.verbose, threads), mutations)
+        for m, (rc, output, took) in zip(mutations, results):  # in the list's order, as each finishes
+            verdict, bad, by = verdict_of(m, rc, output)
+            failed |= bad
+            if verdict.startswith("ERROR"):
+                print(output[-4000:])
+            print(f"{verdict} {m.name}{by} [{took:.0f}s]", flush=True)
+    print(f"{len(mutations)} mutations in {time.monotonic() - started:.0f}s on {jobs} worker(s): "
           + ("some mutations survived or errored" if failed else "all caught"))
     return 1 if failed else 0
 

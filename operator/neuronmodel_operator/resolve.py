@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
-from neuronmodel_operator import api, devices, engines, images
+from neuronmodel_operator import api, devices, engines, images, vllm_flags
 from neuronmodel_operator.api import NeuronModelSpec, SpecError
+from neuronmodel_runtime.config import keys
 from neuronmodel_runtime.releases import NXDI_UNSUPPORTED_ON_TRN
 
 
@@ -41,9 +42,8 @@ class OperatorDefaults:
     allow_host_path: bool = False  # --allow-host-path
 
     def filled(self, spec: NeuronModelSpec) -> NeuronModelSpec:
-        """`spec` with the operator's compile cache when it names none of its own (engine vllm: never, it has no
-        compile Job yet; `resolve` warns)."""
-        if spec.compile_cache.url is not None or self.compile_cache is None or spec.engine == "vllm":
+        """`spec` with the operator's compile cache when it names none of its own (either engine)."""
+        if spec.compile_cache.url is not None or self.compile_cache is None:
             return spec
         cache = self.compile_cache.model_copy(update={"sharded_weights": spec.compile_cache.sharded_weights})
         return spec.model_copy(update={"compile_cache": cache})
@@ -125,7 +125,8 @@ def compile_key(spec: NeuronModelSpec, image: str, instance_family: Optional[str
     The image stands for the framework, SDK and compiler versions it pins. Replicas, resources, placement and
     the server port are not in it: changing them never recompiles. spec.neuronConfigOverrides is in it only when it
     has keys, so that a model without overrides keeps the key an operator before the field gave it (a changed key
-    recompiles the model).
+    recompiles the model). Engine vllm's key is vllm_flags.key_inputs' digest instead: the flags vLLM compiles
+    with, as the pods get them.
     """
     inputs = {
         "model": {"source": spec.model.source, "revision": spec.model.revision, "dtype": spec.model.dtype},
@@ -249,7 +250,7 @@ def support_warning(spec: NeuronModelSpec, image: str, family: str,
             "NxdiUnsupportedOnTrn2",
             f"NxDI on trn2, from {what}: {NXDI_UNSUPPORTED_ON_TRN.says}. The operator keeps serving NxDI on trn2 "
             "from the SDK 2.31.1 image, the last with NxDI, but AWS fixes nothing there any more: move to vLLM "
-            "Neuron (engine: vllm) when the operator offers it")
+            "Neuron (engine: vllm): the compile Job compiles it while these pods keep serving")
     support = images.support(known, spec.framework, family) if known else None
     if support is None or support.patched:
         return None
@@ -325,15 +326,14 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     image = defaults.image_for(spec, family.name)
     fetch_image = None
     if spec.engine == "vllm":
-        engines.check_vllm_line(spec, images.vllm_image_for(family.name))
+        line = images.vllm_image_for(family.name)
+        engines.check_vllm_line(spec, line)
         fetch_image = defaults.fetch_image()
-        if defaults.compile_cache is not None:
-            warnings.append(SpecWarning(
-                "NoCompileCacheForVllm", "the operator's compile cache (--compile-cache-url) does not apply to engine "
-                "vllm yet (its compile Job is not built yet): the pods compile the model at every start"))
-    elif support := support_warning(spec, image, family.name, defaults):
-        warnings.append(support)
-    key = compile_key(spec, image, family.name, trn2_lnc)
+        key = keys.digest(vllm_flags.key_inputs(spec, image, line, family.name, trn2_lnc))
+    else:
+        if support := support_warning(spec, image, family.name, defaults):
+            warnings.append(support)
+        key = compile_key(spec, image, family.name, trn2_lnc)
     return Resolved(spec.framework, instance.name, family.name, trn2_lnc, request.cores, request.devices,
                     {} if dra else request.as_resources(), image, key, compile_job, tuple(warnings),
                     scheduler_name=scheduler, fetch_image=fetch_image)

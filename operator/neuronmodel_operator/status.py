@@ -37,6 +37,9 @@ Phase, first match wins (its reason and message are the Ready condition's):
   Failed     NeuronDeviceAccessDenied  as ContainersFailing, and a container's termination message carries
                              DEVICE_ACCESS_MARKER (the runtime could not open /dev/neuron* as its non-root uid):
                              that message, which names the device, the uid and the node setting that fixes it.
+  Failed     ArtifactsMissing  as ContainersFailing, and an init container's termination message carries
+                             keys.ARTIFACTS_MISSING (engine vllm's `fetch-artifacts`: the compile cache holds no entry
+                             for the compile key, and serving pods never compile): that message, naming the key.
   Failed     ContainersFailing  pods are scheduled, none is ready, and a container of every one is failing
                              (CrashLoopBackOff, ImagePullBackOff...: a wrong model path, a bad image): the first
                              container's reason is the message. The kubelet keeps retrying; the phase follows it.
@@ -87,10 +90,11 @@ from typing import Mapping, Optional, Sequence, Union
 
 from neuronmodel_operator.api import CONDITION_TYPES
 from neuronmodel_operator.resolve import Resolved
+from neuronmodel_runtime.config.keys import ARTIFACTS_MISSING
 
 #: Ready reasons whose Event is a Warning; every other transition is Normal.
 WARNING_REASONS = frozenset({"InvalidSpec", "CompileFailed", "ContainersFailing", "NeuronDeviceAccessDenied",
-                             "Unschedulable", "Degraded"})
+                             "ArtifactsMissing", "Unschedulable", "Degraded"})
 #: Starts the runtime's termination message when it cannot open a Neuron device as its uid (the runtime's
 #: frameworks.DEVICE_ACCESS_MARKER: the two packages share no code, tests/operator_tests/test_status.py pins both).
 DEVICE_ACCESS_MARKER = "NeuronDeviceAccessDenied"
@@ -257,13 +261,14 @@ def _waiting(pods: Sequence[Mapping], reasons: Optional[frozenset] = None) -> Op
     return None
 
 
-def _device_access_denied(pods: Sequence[Mapping]) -> Optional[str]:
-    """The runtime's termination message of a container that could not open a Neuron device, if any."""
+def _termination_message(pods: Sequence[Mapping], marker: str) -> Optional[str]:
+    """The first termination message carrying `marker` of these pods' containers (init containers too), if any."""
     for pod in pods:
-        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        status = pod.get("status") or {}
+        for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
             for state in (container.get("state") or {}, container.get("lastState") or {}):
                 message = (state.get("terminated") or {}).get("message") or ""
-                if DEVICE_ACCESS_MARKER in message:
+                if marker in message:
                     return message.strip()
     return None
 
@@ -302,9 +307,9 @@ def _phase(o: Observed, artifacts: _Verdict, workload: Optional[_Workload]) -> t
             return "Pending", (_Verdict("False", "Unschedulable", refused) if refused else
                                _Verdict("False", "Scheduling", "waiting for the scheduler to place the serving pods"))
         if all(_waiting([pod], _FAILING) for pod in scheduled) and len(scheduled) == len(pods):
-            denied = _device_access_denied(scheduled)
-            if denied:
-                return "Failed", _Verdict("False", DEVICE_ACCESS_MARKER, denied)
+            for marker in (DEVICE_ACCESS_MARKER, ARTIFACTS_MISSING):
+                if (told := _termination_message(scheduled, marker)) is not None:
+                    return "Failed", _Verdict("False", marker, told)
             return "Failed", _Verdict("False", "ContainersFailing", f"no serving pod can run: "
                                       f"{_waiting(scheduled, _FAILING)} (kubectl logs --previous -l {o.selector})")
         return "Loading", _Verdict("False", "Loading", f"{len(scheduled)} serving pod(s) scheduled, none ready yet: "

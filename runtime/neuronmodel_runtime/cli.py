@@ -1,5 +1,5 @@
-"""`neuronmodel-runtime`: serve | compile | fetch | info | selftest. Parses the RuntimeConfig at the edge and wires
-the parts."""
+"""`neuronmodel-runtime`: serve | worker | compile | fetch | artifacts | info | selftest. Parses the RuntimeConfig at
+the edge and wires the parts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Literal, NoReturn, Optional, Sequence, get_args, get_origin
 
+from neuronmodel_runtime.artifacts import handoff
 from neuronmodel_runtime.artifacts.prepare import neuron_compile_cache
+from neuronmodel_runtime.artifacts.store import CacheError
 from neuronmodel_runtime.config import (
     SETTINGS,
     ConfigError,
@@ -27,6 +29,10 @@ from neuronmodel_runtime.config import (
     read_model_config,
     resolve_model_limits,
 )
+from neuronmodel_runtime.config import env as env_names
+from neuronmodel_runtime.config.env import ARTIFACT_KEY_INPUTS
+from neuronmodel_runtime.distributed.launch import rank_runner, topology_of
+from neuronmodel_runtime.distributed.topology import GroupLost, TopologyError
 from neuronmodel_runtime.fetch import FetchError, fetch
 from neuronmodel_runtime.frameworks import FrameworkError, detect_frameworks, report, select_framework
 from neuronmodel_runtime.runners.base import RunnerError
@@ -70,7 +76,20 @@ def _parser() -> argparse.ArgumentParser:
         fields.add_argument(setting.flag, dest=setting.path, metavar=_metavar(setting), help=_help(setting))
     parser = _Parser(prog="neuronmodel-runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", parents=[common], help="serve the OpenAI-compatible HTTP API")
+    group = _Parser(add_help=False)
+    where = group.add_argument_group("a multi-process group (parallelism.nodes > 1, or tensor_parallel_degree > 1 "
+                                     "on framework torch); LeaderWorkerSet's variables otherwise")
+    where.add_argument("--leader-address", help="where the group's leader is reached "
+                       f"(${env_names.LWS_LEADER_ADDRESS})")
+    where.add_argument("--group-size", type=int, help=f"hosts in the group (${env_names.LWS_GROUP_SIZE})")
+    where.add_argument("--worker-index", type=int, help=f"this host's index, 0 = the leader "
+                       f"(${env_names.LWS_WORKER_INDEX})")
+    sub.add_parser("serve", parents=[common, group], help="serve the OpenAI-compatible HTTP API (a group's leader: "
+                   "rank 0, which broadcasts every step)")
+    wk = sub.add_parser("worker", parents=[common, group], help="a rank of a multi-process group other than the "
+                        "leader: load its shard, then run the leader's steps until it is gone")
+    wk.add_argument("--local-rank", type=int, default=0, help="this process on its host (its host's first process "
+                    "starts the others)")
     sub.add_parser("info", parents=[common], help="print framework detection and the effective config as JSON")
     sub.add_parser("compile", parents=[common], help="compile the model's artifacts into compile_cache.url (or find "
                    "them there) without serving: the operator's compile Job; prints a JSON summary")
@@ -83,6 +102,23 @@ def _parser() -> argparse.ArgumentParser:
                     "(AWS credential chain, AWS_ENDPOINT_URL)")
     fe.add_argument("dest", metavar="DEST", help="the model folder to create; staged in DEST.partial beside it")
     fe.add_argument("--revision", help="branch, tag or commit of an hf:// source (default main); s3:// has none")
+    art = sub.add_parser("artifacts", parents=[logs], help="an engine's own compiled-artifacts folder out of the "
+                         f"store and back, for the key whose inputs {ARTIFACT_KEY_INPUTS} holds (engine vllm's init "
+                         "container and compile Job)")
+    verbs = art.add_subparsers(dest="verb", required=True)
+    af = verbs.add_parser("fetch", parents=[logs], help="the store's entry into FOLDER, complete or not at all")
+    af.add_argument("folder", metavar="FOLDER", help="the engine's folder (vLLM's VLLM_CACHE_ROOT, or "
+                    "NEURON_COMPILED_ARTIFACTS); replaced")
+    af.add_argument("--store", required=True, metavar="URL", help="the compile cache: a path (a PVC mount) or s3://")
+    af.add_argument("--required", action="store_true", help="a miss is an error (exit 2): serving pods never compile")
+    ast = verbs.add_parser("store", parents=[logs], help="once the engine is up, FOLDER as the key's entry")
+    ast.add_argument("folder", metavar="FOLDER", help="the folder the engine compiled into")
+    ast.add_argument("--store", required=True, metavar="URL", help="the compile cache: a path (a PVC mount) or s3://")
+    ast.add_argument("--policy", default="IfNotCached", choices=("IfNotCached", "Always"),
+                     help="IfNotCached keeps an entry already there; Always replaces it")
+    ast.add_argument("--ready-url", metavar="URL", help="wait until it answers 200 before storing (the engine "
+                     "compiles before it serves)")
+    ast.add_argument("--ready-timeout-s", type=float, default=4 * 3600.0, help="how long to wait for --ready-url")
     return parser
 
 
@@ -104,11 +140,13 @@ def model_path_of(config: RuntimeConfig) -> Path:
     return path
 
 
-def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
+def build_engine(config: RuntimeConfig, own_thread: bool = True, group: Optional[dict] = None,
+                 worker_args: Sequence[str] = ()) -> Any:
     """Select the framework, load the runner and tokenizer, and return a ready-to-start AsyncEngine.
 
     own_thread: the engine spawns its step thread; False leaves the step loop to the caller (`serve` runs it on
-    the main thread).
+    the main thread). group: `serve`'s group arguments; where they (or LeaderWorkerSet's variables) make a group,
+    this process is its leader, and its host's other processes run `worker` with `worker_args`.
     """
     from neuronmodel_runtime.engine.async_engine import AsyncEngine
     from neuronmodel_runtime.engine.engine import Engine
@@ -126,7 +164,20 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
     os.environ.update(neuron_compile_cache(config))
     log.info("framework %s %s (%s); loading %s", selection.framework, selection.version, selection.reason, path)
     started = time.monotonic()
-    runner = create_runner(selection.framework, config, str(path))
+    served_by: list[Any] = []  # the AsyncEngine, once built: a lost group turns it unready
+
+    def group_lost(why: str) -> None:
+        for served in served_by:
+            served.stop_accepting()
+
+    topology = None if group is None else topology_of(config, selection.framework, os.environ, **group)
+    if topology is None:
+        runner = create_runner(selection.framework, config, str(path))
+    else:
+        if not topology.is_leader:
+            raise ConfigError(f"{env_names.LWS_WORKER_INDEX} / --worker-index {topology.node_rank}: this host is a "
+                              "worker of its group; run `neuronmodel-runtime worker` (the leader, index 0, serves)")
+        runner = rank_runner(selection.framework, config, str(path), topology, worker_args, on_lost=group_lost)
     runner.load()
     load_s = time.monotonic() - started
     tokenizer = load_tokenizer(path)
@@ -140,7 +191,7 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
         speculation=build_speculation(config.speculation, runner),
         sampling_defaults=generation_defaults(path),
     )
-    return AsyncEngine(
+    served = AsyncEngine(
         engine,
         tokenizer=tokenizer,
         model_name=config.server.served_model_name or path.name,
@@ -149,6 +200,10 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True) -> Any:
               "capabilities": runner.capabilities().info(), "startup": {"load_s": round(load_s, 3)}},
         own_thread=own_thread,
     )
+    served_by.append(served)
+    if getattr(runner, "lost", None):  # lost while the engine was being built
+        served.stop_accepting()
+    return served
 
 
 def with_model_limits(config: RuntimeConfig) -> RuntimeConfig:
@@ -184,14 +239,15 @@ def check_listen_address(host: str, port: int) -> None:
 
 
 #: Start-up failures whose messages already name the setting and the fix.
-STARTUP_ERRORS = (ConfigError, FrameworkError, RunnerError)
+STARTUP_ERRORS = (ConfigError, FrameworkError, RunnerError, handoff.HandoffError, TopologyError, GroupLost)
 
 
-def _load_engine(config: RuntimeConfig, own_thread: bool) -> Any:
+def _load_engine(config: RuntimeConfig, own_thread: bool, group: Optional[dict] = None,
+                 worker_args: Sequence[str] = ()) -> Any:
     """build_engine, with an unforeseen failure (a corrupt weights or tokenizer file, a missing package, ...) turned
     into a one-line ConfigError naming the model folders; its traceback is logged at DEBUG."""
     try:
-        return build_engine(config, own_thread=own_thread)
+        return build_engine(config, own_thread=own_thread, group=group, worker_args=worker_args)
     except STARTUP_ERRORS:
         raise
     except Exception as exc:
@@ -213,6 +269,8 @@ def _start(args: argparse.Namespace) -> Callable[[], int]:
     the work. Start-up failures raise; failures of the work itself are bugs, with their tracebacks."""
     if args.command == "fetch":  # no RuntimeConfig, no model: it downloads the model
         return functools.partial(_fetch, args.source, args.dest, args.revision)
+    if args.command == "artifacts":  # no RuntimeConfig: the engine's own folder and the store
+        return functools.partial(_artifacts, args, handoff.key_from_env(os.environ))
     config = _config(args)
     if args.command == "info":
         if (model_folder(config) / "config.json").is_file():  # the effective config: with the model's limits
@@ -223,13 +281,39 @@ def _start(args: argparse.Namespace) -> Callable[[], int]:
     if args.command == "selftest":
         return functools.partial(_selftest, _load_engine(config, own_thread=True), with_model_limits(config),
                                  args.tokens)
+    if args.command == "worker":
+        return _worker_start(config, args)
     check_listen_address(config.server.host, config.server.port)
-    engine = _load_engine(config, own_thread=False)
+    engine = _load_engine(config, own_thread=False, group=_group_args(args), worker_args=args.worker_args)
     from neuronmodel_runtime.server.app import create_app
     from neuronmodel_runtime.server.drain import serve
 
     config = with_model_limits(config)  # as build_engine resolved it: /v1/info reports the lengths served
     return functools.partial(serve, create_app(engine, config), config)
+
+
+def _group_args(args: argparse.Namespace) -> dict:
+    return {"leader_address": args.leader_address, "group_size": args.group_size, "worker_index": args.worker_index}
+
+
+def _worker_start(config: RuntimeConfig, args: argparse.Namespace) -> Callable[[], int]:
+    """`worker`: this process's rank (never the leader), its host's other processes, the group, its runner."""
+    from neuronmodel_runtime.distributed.worker import serve_steps
+
+    selection = select_framework(config.framework, detect_frameworks())
+    path = model_path_of(config)
+    config = resolve_model_limits(config, read_model_config(path))  # the leader's limits: the same shapes
+    topology = topology_of(config, selection.framework, os.environ, local_rank=args.local_rank, **_group_args(args))
+    if topology is None:
+        raise ConfigError("`neuronmodel-runtime worker` runs a rank of a multi-process group, but this config serves "
+                          "alone (parallelism.nodes 1, and tensor_parallel_degree 1 or a Neuron framework): run "
+                          "`neuronmodel-runtime serve`")
+    if topology.is_leader:
+        raise ConfigError(f"{env_names.LWS_WORKER_INDEX} / --worker-index 0 is the group's leader: run "
+                          "`neuronmodel-runtime serve` there")
+    os.environ.update(neuron_compile_cache(config))
+    runner = rank_runner(selection.framework, config, str(path), topology, args.worker_args)
+    return functools.partial(serve_steps, runner)
 
 
 def _compile_runner_factory(config: RuntimeConfig) -> Callable[[], Any]:
@@ -268,6 +352,21 @@ def _fetch(source: str, dest: str, revision: Optional[str]) -> int:
         fetch(source, dest, revision)
     except FetchError as exc:
         return _fail(exc)
+    return 0
+
+
+def _artifacts(args: argparse.Namespace, key: Any) -> int:
+    """`artifacts fetch|store`: one JSON line on success (exit 0); a failure (a required miss, a store that cannot
+    be read or written, an engine that never came up) is one line, also the termination message, and exit code 2."""
+    try:
+        if args.verb == "fetch":
+            summary = handoff.fetch(args.store, key, Path(args.folder), args.required)
+        else:
+            summary = handoff.store(args.store, key, Path(args.folder), args.policy, args.ready_url,
+                                    args.ready_timeout_s)
+    except CacheError as exc:
+        return _fail(exc)
+    print(json.dumps(summary))
     return 0
 
 
@@ -313,10 +412,24 @@ def _fail(exc: Exception) -> int:
     return 2
 
 
+def _without_local_rank(argv: Sequence[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--local-rank":
+            skip = True
+        elif not arg.startswith("--local-rank="):
+            out.append(arg)
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run a command and return its exit code; every start-up failure is one line on stderr and exit code 2."""
     try:
-        args = _parser().parse_args(argv)
+        raw = list(sys.argv[1:] if argv is None else argv)
+        args = _parser().parse_args(raw)
+        args.worker_args = _without_local_rank(raw[1:])  # what this host's further processes run `worker` with
     except SystemExit as exc:  # --help (0), or a usage error already printed as one line (2)
         return int(exc.code or 0)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

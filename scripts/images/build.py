@@ -1,4 +1,5 @@
-"""Build the Dockerfile's `operator` and `runtime-cpu` targets here, offline, cached by the digest of their inputs.
+"""Build the Dockerfile's `operator`, `runtime-cpu` and `runtime-vllm-cpu` targets here, offline, cached by the digest
+of their inputs.
 
     PYTHONPATH=scripts python -m images.build [--push 127.0.0.1:PORT] [--oci-dir DIR] [TARGET ...]
 
@@ -13,9 +14,15 @@ wheelhouse's and the debhouse's digests, the base image's id, the build args, th
 every step before the first changed one (runtime-cpu's torch layer, about 5 GB, survives a change of our code: its
 step names only TORCH_VERSION; the g++ step after it, only its debhouse).
 
-Local names (this storage only): `localhost/neuronmodel/neuronmodel-operator:<version>` and
-`localhost/neuronmodel/neuronmodel-runtime:<version>-runtime-cpu`. `push(target, "127.0.0.1:PORT")` puts them in
-an OCI registry over plain http as `127.0.0.1:PORT/neuronmodel/...` (scripts/k8s/registry.py runs one);
+`runtime-vllm-cpu` (vLLM's CPU build standing in for AWS's vLLM Neuron image, none of our code in it): its inputs
+are only what its stage reads (`SOURCES_OF`: the Dockerfile, .dockerignore, its entrypoint script), so a change of
+the operator or the runtime never rebuilds its 6 GB; its dependency layer is named by the sha256 of the wheelhouse's
+requirements list (build arg VLLM_CPU_REQUIREMENTS_SHA256, which the step checks), its g++ layer by the debhouse.
+
+Local names (this storage only): `localhost/neuronmodel/neuronmodel-operator:<version>`,
+`localhost/neuronmodel/neuronmodel-runtime:<version>-runtime-cpu` and `...-runtime-vllm-cpu`.
+`push(target, "127.0.0.1:PORT")` puts them in an OCI registry over plain http as `127.0.0.1:PORT/neuronmodel/...`
+(scripts/k8s/registry.py runs one);
 `export_oci_archive(target, path)` writes an OCI archive for `ctr images import`.
 """
 
@@ -35,10 +42,16 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 LABEL_INPUTS = "dev.neuronmodel.inputs"
 NAMESPACE = "neuronmodel"
-REPOSITORIES = {"operator": "neuronmodel-operator", "runtime-cpu": "neuronmodel-runtime"}
+REPOSITORIES = {"operator": "neuronmodel-operator", "runtime-cpu": "neuronmodel-runtime",
+                "runtime-vllm-cpu": "neuronmodel-runtime"}
 TARGETS = tuple(REPOSITORIES)
+#: What `python -m images.build` (`make images`) builds without naming targets: runtime-vllm-cpu (6 GB) on request.
+DEFAULT_TARGETS = ("operator", "runtime-cpu")
+VLLM_CPU = wheelhouse.VLLM_CPU
 #: The build context the Dockerfile copies from (.dockerignore keeps the rest out) and what never counts.
 SOURCES = ("pyproject.toml", "README.md", "operator", "runtime", "docker", "Dockerfile", ".dockerignore")
+#: A target's own inputs where they are fewer than SOURCES: runtime-vllm-cpu copies only its entrypoint.
+SOURCES_OF = {VLLM_CPU: ("Dockerfile", ".dockerignore", "docker/vllm-entrypoint.sh")}
 SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".pyd")
 #: Bumped when the recipe below changes what an image holds.
@@ -64,9 +77,9 @@ def registry_ref(target: str, address: str) -> str:
     return f"{address}/{tag(target)}"
 
 
-def source_files() -> list[Path]:
+def source_files(target: str | None = None) -> list[Path]:
     out = []
-    for name in SOURCES:
+    for name in SOURCES_OF.get(target, SOURCES):
         path = ROOT / name
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         for file in files:
@@ -77,31 +90,35 @@ def source_files() -> list[Path]:
     return out
 
 
-def build_args(target: str) -> dict[str, str]:
+def build_args(target: str, wheels: dict | None = None) -> dict[str, str]:
     args = {"VERSION": version(), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheelhouse.MOUNT}
     if target in debhouse.PACKAGES:
         args["APT_CONFIG"] = f"{debhouse.MOUNT}/apt.conf"
+    if target == VLLM_CPU:  # names the dependency layer by what it installs (the step checks the file's sha256)
+        args["VLLM_CPU_REQUIREMENTS_SHA256"] = (wheels or {}).get("requirements_sha256") or ""
     return args
 
 
 def inputs_digest(target: str, wheels: dict, base_id: str, debs: dict | None = None) -> str:
     h = hashlib.sha256()
-    for file in source_files():
+    for file in source_files(target):
         h.update(str(file.relative_to(ROOT)).encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
-    spec = {"target": target, "wheelhouse": wheels["digest"], "base": base_id, "args": build_args(target),
+    spec = {"target": target, "wheelhouse": wheels["digest"], "base": base_id, "args": build_args(target, wheels),
             "debhouse": debs["digest"] if debs else None, "recipe": RECIPE}
     h.update(json.dumps(spec, sort_keys=True).encode())
     return h.hexdigest()
 
 
 def bud_command(target: str, wheels: dict, digest: str, debs: dict | None = None) -> list[str]:
-    argv = ["bud", *tools.signature_policy(), "--pull=never", "--network=none", "--layers", "--isolation=oci",
-            "--runtime", str(tools.cache_dir() / "runc"), "--target", target, "--file", str(DOCKERFILE),
+    # --force-rm: a failed step's container goes too (the layers of the steps before it stay cached)
+    argv = ["bud", *tools.signature_policy(), "--pull=never", "--network=none", "--layers", "--force-rm",
+            "--isolation=oci", "--runtime", str(tools.cache_dir() / "runc"), "--target", target,
+            "--file", str(DOCKERFILE),
             "--volume", f"{wheels['path']}:{wheelhouse.MOUNT}:ro", "--label", f"{LABEL_INPUTS}={digest}",
             "--tag", local_ref(target)]
     if debs:
         argv += ["--volume", f"{debs['path']}:{debhouse.MOUNT}:ro"]
-    for name, value in build_args(target).items():
+    for name, value in build_args(target, wheels).items():
         argv += ["--build-arg", f"{name}={value}"]
     return argv + [str(ROOT)]
 
@@ -130,16 +147,27 @@ def ensure(target: str, log=None) -> dict:
     found = inspect(target)
     steps = {"base": built_base, "wheelhouse": wheels, "debhouse": debs}
     if found is not None and (found["OCIv1"]["config"].get("Labels") or {}).get(LABEL_INPUTS) == digest:
+        _release_wheels(target)
         return {"target": target, "image": local_ref(target), "id": found["FromImageID"], "cached": True,
                 "inputs": digest, "seconds": time.monotonic() - t0, "steps": steps}
+    if wheels.get("released"):  # its wheels went after the last build: download them again, then digest again
+        wheels = steps["wheelhouse"] = wheelhouse.ensure(target, refill=True)
+        digest = inputs_digest(target, wheels, built_base["id"], debs)
     print(f"images: building {target} -> {local_ref(target)} (inputs {digest[:16]}) ...", flush=True)
     t1 = time.monotonic()
     out = tools.buildah(*bud_command(target, wheels, digest, debs), capture=log is None, cwd=ROOT)
     built = inspect(target)
     tools.buildah("rmi", "--prune", check=False)  # the image this one replaced (the layer cache keeps the rest)
+    _release_wheels(target)
     return {"target": target, "image": local_ref(target), "id": built["FromImageID"], "cached": False,
             "inputs": digest, "seconds": time.monotonic() - t0, "build_seconds": time.monotonic() - t1,
             "steps": steps, "log_tail": (out.stdout or "")[-2000:]}
+
+
+def _release_wheels(target: str) -> None:
+    """The target's image is built from its wheelhouse: the wheels of a RELEASED_AFTER_BUILD target go."""
+    if target in wheelhouse.RELEASED_AFTER_BUILD:
+        wheelhouse.release(target)
 
 
 def push(target: str, address: str) -> str:
@@ -177,7 +205,8 @@ def clean() -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m images.build", description=__doc__.split("\n\n")[0])
-    parser.add_argument("targets", nargs="*", metavar="TARGET", help=f"{' or '.join(TARGETS)} (default: both)")
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
+                        help=f"{', '.join(TARGETS)} (default: {' and '.join(DEFAULT_TARGETS)})")
     parser.add_argument("--push", metavar="ADDRESS", help="an OCI registry over plain http, e.g. 127.0.0.1:5000")
     parser.add_argument("--oci-dir", type=Path, help="write <DIR>/<target>.oci.tar (for ctr images import)")
     parser.add_argument("--clean", action="store_true", help="remove every image of the private storage first")
@@ -187,7 +216,7 @@ def main(argv: list[str]) -> None:
         parser.error(f"unknown target(s) {', '.join(sorted(unknown))} (one of {', '.join(TARGETS)})")
     if args.clean:
         clean()
-    for target in args.targets or TARGETS:
+    for target in args.targets or DEFAULT_TARGETS:
         done = ensure(target, log=sys.stdout)
         done.pop("log_tail", None)
         if args.push:

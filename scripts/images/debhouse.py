@@ -1,7 +1,8 @@
 """The Debian packages a target's build installs with apt, downloaded on the host into a local apt repository.
 
 runtime-cpu installs g++ (torch.compile's C++ kernels: a torch NeuronModel with a compile cache compiles its
-graphs, as Neuron does). Its Dockerfile step is what any build runs, `apt-get update && apt-get install ...`; the
+graphs, as Neuron does), runtime-vllm-cpu the same pinned g++ (vLLM's CPU build compiles with inductor) and
+libnuma1 (its CPU kernels link it). Each Dockerfile step is what any build runs, `apt-get update && apt-get install ...`; the
 offline build (--network=none) bind-mounts this folder read-only at MOUNT and sets the build arg APT_CONFIG to
 its `apt.conf`, which points apt's only source at the folder (`deb [trusted=yes] file:MOUNT ./`). Nothing of it
 lands in a layer, as with the wheelhouse.
@@ -27,7 +28,7 @@ from images import base, tools
 
 MOUNT = "/tmp/debhouse"
 #: target -> the packages its Dockerfile stage installs, pinned as that RUN line pins them (tests check they agree).
-PACKAGES = {"runtime-cpu": ["g++=4:12.2.0-3"]}
+PACKAGES = {"runtime-cpu": ["g++=4:12.2.0-3"], "runtime-vllm-cpu": ["g++=4:12.2.0-3", "libnuma1=2.0.16-1"]}
 APT_CONF = f"""// Written by scripts/images/debhouse.py: apt's only source is this folder (offline image builds).
 Dir::Etc::SourceList "{MOUNT}/sources.list";
 Dir::Etc::SourceParts "{MOUNT}/sources.list.d";

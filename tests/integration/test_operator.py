@@ -231,7 +231,9 @@ def test_unschedulable_pods_are_explained(api):
     body = api.phase("nowhere", "Pending")
     ready = next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "Unschedulable" and "node" in ready["message"]
-    assert any(e.reason == "Unschedulable" and e.type == "Warning" for e in api.events("nowhere"))
+    # the Warning Event follows the status patch (the operator posts it after the status it explains)
+    api.wait_until("an Unschedulable Warning Event", lambda: any(e.reason == "Unschedulable" and e.type == "Warning"
+                                                                for e in api.events("nowhere")), 30)
 
     # one trn2.48xlarge node with 64 NeuronCores: the second TP-64 replica finds none free
     api.apply(neuronmodel("toobig", {**TINY_SPEC, "framework": "nxdi", "instanceType": "trn2.48xlarge",

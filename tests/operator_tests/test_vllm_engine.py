@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import datetime, timezone
 
 import pytest
 
-from neuronmodel_operator import api, builders, crdgen, devices, images, resolve
+from neuronmodel_operator import api, builders, crdgen, devices, images, resolve, status, vllm_flags
 from neuronmodel_operator.api import SpecError
 from neuronmodel_operator.builders import pod, vllm
+from neuronmodel_runtime.artifacts.key import artifact_key
+from neuronmodel_runtime.config import keys
 from neuronmodel_runtime.config.buckets import context_buckets
 from operator_tests import golden
 
@@ -69,17 +72,16 @@ def test_the_crd_declares_the_engine_with_its_default_and_rules():
     for message in vllm_rules.values():  # each names the field, says why, and how to fix it
         assert "with engine vllm" in message or "by engine vllm" in message, message
         assert "or engine neuronmodel" in message or "or use engine neuronmodel" in message, message
-    compile_cache = next(m for r, m in vllm_rules.items() if "compileCache" in r)
-    assert "the compile Job for the vLLM engine is not built yet" in compile_cache
-    assert "compile the model at start" in compile_cache
+    sharded = next(m for r, m in vllm_rules.items() if "compileCache" in r)
+    assert sharded.startswith("compileCache.shardedWeights must be false") and "compiled graphs only" in sharded
+    assert not any("has(self.compileCache.url)" in rule for rule in vllm_rules)  # a cache is welcome
 
 
 @pytest.mark.parametrize("change, field", [
     ({"framework": "nxdi"}, "spec.framework"),
     ({"speculation": {"mode": "draft", "draftModel": {"source": "pvc://models/small"}}}, "spec.speculation.mode"),
     ({"speculation": {"mode": "promptLookup"}}, "spec.speculation.mode"),
-    ({"compileCache": {"url": "s3://cache/prod"}}, "spec.compileCache"),
-    ({"compileCache": {"shardedWeights": True}}, "spec.compileCache"),
+    ({"compileCache": {"url": "s3://cache/prod", "shardedWeights": True}}, "spec.compileCache.shardedWeights"),
     ({"parallelism": {"tensorParallelDegree": 64, "nodes": 2}, "instanceType": "trn1.32xlarge"},
      "spec.parallelism.nodes"),
     ({"instanceType": "m5.xlarge", "parallelism": {"tensorParallelDegree": 1}}, "spec.instanceType"),
@@ -150,12 +152,11 @@ def test_spec_image_overrides_the_table_and_the_operators_runtime_image_does_not
     assert _resolve(_spec({**TRN2, "engine": "neuronmodel"})).fetch_image is None
 
 
-def test_no_nxdi_end_of_support_warning_and_no_operator_cache_for_vllm():
+def test_no_nxdi_end_of_support_warning_and_the_operators_cache_for_both_engines():
     defaults = resolve.OperatorDefaults(compile_cache=api.CompileCache(url="s3://cluster-cache"),
                                         allow_host_path=True)
     resolved = _resolve(_spec(TRN2), defaults)
-    assert not resolved.compile_job
-    assert [w.reason for w in resolved.warnings] == ["NoCompileCacheForVllm"]
+    assert resolved.compile_job and resolved.warnings == ()
     ours = _resolve(_spec({**TRN2, "engine": "neuronmodel"}), defaults)
     assert ours.compile_job and "NxdiUnsupportedOnTrn2" in [w.reason for w in ours.warnings]
 
@@ -233,7 +234,7 @@ def test_the_nxdi_lines_translation():
                                    "save_sharded_checkpoint": False,
                                    "on_device_sampling_config": {"dynamic": True, "deterministic": False,
                                                                  "global_topk": 256}}}
-    host = vllm.additional_config(_target(INF2, sampling={"onDevice": False}))
+    host = vllm_flags.additional_config(_spec(INF2, sampling={"onDevice": False}), "nxdi")
     assert host["override_neuron_config"]["on_device_sampling_config"] is None
 
 
@@ -293,3 +294,150 @@ def test_the_readme_lists_the_images_as_the_table_has_them():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert cells[1:] == [f"`{image.tag}`", cells[2], image.vllm, image.sdk, image.node], row
         assert cells[2].lower().startswith(image.line), row
+
+
+# --- the compile cache: key, Job, fail-fast pods ---------------------------------------------------------------------
+
+CACHED = {**TRN2, "compileCache": {"url": "pvc://neuron-cache/vllm"}}
+
+
+def _key(base: dict, **changes) -> str:
+    return _target(base, **changes).resolved.compile_key
+
+
+def _inits(template: dict) -> dict:
+    return {c["name"]: c for c in template["spec"].get("initContainers", [])}
+
+
+def test_the_compile_key_is_the_digest_of_what_the_pods_compile_with():
+    t = _target(CACHED)
+    inputs = vllm.key_inputs(t)
+    assert t.resolved.compile_key == keys.digest(inputs)
+    assert inputs["flags"] == vllm_flags.shape_args(t.spec, "native")  # the flags as the pods get them
+    assert inputs["flags"] == vllm.serve_args(t)[9:]
+    assert (inputs["vllm"], inputs["plugin"], inputs["sdk"], inputs["target"], inputs["logicalCoreConfig"]) == \
+        ("0.29.0", "0.29.0.1.2.0", "2.33.0", "trn2", 2)
+    template = builders.deployment(t)["spec"]["template"]
+    fetch = _inits(template)["fetch-artifacts"]
+    handed = next(e["value"] for e in fetch["env"] if e["name"] == "NEURONMODEL_ARTIFACT_KEY_INPUTS")
+    assert artifact_key(json.loads(handed)).digest == t.resolved.compile_key  # the runtime names the same entry
+    assert template["metadata"]["annotations"]["neuronmodel.dev/compile-key"] == t.resolved.compile_key
+
+
+@pytest.mark.parametrize("change", [
+    {"parallelism": {"tensorParallelDegree": 16}},
+    {"parallelism": {"tensorParallelDegree": 8, "logicalCoreConfig": 1}},
+    {"batching": {"maxBatchSize": 4}},
+    {"batching": {"maxSeqLen": 4096}},
+    {"batching": {"maxContextLength": 512}},
+    {"sampling": {"globalTopK": 64}},
+    {"sampling": {"onDevice": False}},
+    {"speculation": {"mode": "eagle", "draftModel": {"source": "pvc://models/eagle3"}}},
+    {"speculation": {"mode": "eagle", "numSpeculativeTokens": 2, "draftModel": {"source": "pvc://models/eagle3"}}},
+    {"model": {"source": "pvc://models/llama", "dtype": "bfloat16"}},
+    {"model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "revision": "0e9e39f249a16976918f6564b8830bc894c89659"}},
+    {"image": "mirror.example/vllm-neuronx:0.29"},
+    {"neuronConfigOverrides": {"num_seqs_buckets": [1, 4]}},
+])
+def test_whatever_changes_the_compiled_shape_changes_the_key(change):
+    assert _key(CACHED, **change) != _key(CACHED)
+
+
+@pytest.mark.parametrize("change", [
+    {"replicas": 3}, {"server": {"port": 9000}}, {"model": {"source": "pvc://models/llama", "servedModelName": "x"}},
+    {"resources": {"requests": {"memory": "300Gi"}}}, {"compileCache": {"url": "s3://other", "policy": "Always"}},
+    {"server": {"apiKeySecretRef": {"name": "keys"}}}, {"instanceType": "trn2.48xlarge", "nodeSelector": {"a": "b"}},
+])
+def test_what_does_not_change_the_compiled_shape_keeps_the_key(change):
+    assert _key(CACHED, **change) == _key(CACHED)
+
+
+def test_one_chip_or_sixteen_compile_the_same_trn2_graphs_at_one_tp():
+    assert _key(CACHED, instanceType="trn2.3xlarge", parallelism={"tensorParallelDegree": 4}) == \
+        _key(CACHED, parallelism={"tensorParallelDegree": 4})
+    assert _key(INF2, compileCache={"url": "pvc://c"}) != _key(CACHED)  # another line, target and image
+
+
+def test_serving_pods_fetch_the_entry_and_never_compile():
+    t = _target(CACHED, compileCache={"url": "pvc://neuron-cache/vllm", "policy": "Never"})
+    assert builders.compile_children(t) == []  # policy Never: no Job
+    template = builders.deployment(t)["spec"]["template"]
+    fetch = list(_inits(template).values())[-1]  # after the downloads, before vLLM starts
+    assert fetch["name"] == "fetch-artifacts" and fetch["image"] == t.resolved.fetch_image
+    assert fetch["command"] == ["neuronmodel-runtime", "artifacts", "fetch", vllm.VLLM_CACHE_ROOT, "--store",
+                                "/mnt/compile-cache/vllm", "--required"]
+    assert {m["name"] for m in fetch["volumeMounts"]} == {"cache", "tmp", "compile-cache"}
+    assert fetch["securityContext"] == pod.security_context()
+    container = template["spec"]["containers"][0]
+    assert _env(t)["VLLM_NEURON_DISABLE_WARMUP_COMPILE"] == "1"  # a graph missing from the entry is an error
+    assert "compile-cache" not in {m["name"] for m in container["volumeMounts"]}  # vLLM never touches the store
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == pod.BUDGET_CACHED_S
+    nxdi = _target(INF2, compileCache={"url": "s3://cache/vllm", "policy": "Never"})
+    fetch = _inits(builders.deployment(nxdi)["spec"]["template"])["fetch-artifacts"]
+    assert fetch["command"][3:6] == [vllm.NXDI_ARTIFACTS, "--store", "s3://cache/vllm"]  # s3://: no volume
+    assert _env(nxdi)["NEURON_COMPILED_ARTIFACTS"] == vllm.NXDI_ARTIFACTS
+    assert "VLLM_NEURON_DISABLE_WARMUP_COMPILE" not in _env(nxdi)  # the NxDI line has no such switch
+    assert "VLLM_NEURON_DISABLE_WARMUP_COMPILE" not in _env(_target(TRN2))  # no cache: it compiles at start
+
+
+@pytest.mark.parametrize("policy", ["IfNotCached", "Always"])
+def test_the_compile_job_runs_vllm_as_a_sidecar_and_stores_what_it_compiled(policy):
+    t = _target(CACHED, compileCache={"url": "pvc://neuron-cache/vllm", "policy": policy})
+    (job,) = builders.compile_children(t)  # no ConfigMap: vLLM reads none
+    assert job["kind"] == "Job" and job["metadata"]["annotations"]["neuronmodel.dev/compile-key"] == \
+        t.resolved.compile_key
+    spec = job["spec"]["template"]["spec"]
+    inits = _inits(job["spec"]["template"])
+    sidecar = inits["runtime"]
+    assert list(inits)[-1] == "runtime" and sidecar["restartPolicy"] == "Always"
+    assert sidecar["args"] == vllm.serve_args(t)  # exactly the serving pods' vllm serve
+    assert sidecar["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert sidecar["startupProbe"]["periodSeconds"] * sidecar["startupProbe"]["failureThreshold"] == \
+        pod.BUDGET_COMPILE_IN_POD_S
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert "VLLM_NEURON_DISABLE_WARMUP_COMPILE" not in env and env["VLLM_ENGINE_READY_TIMEOUT_S"] == str(
+        pod.BUDGET_COMPILE_IN_POD_S)
+    assert ("fetch-artifacts" in inits) == (policy == "IfNotCached")  # a hit starts it warm; Always recompiles
+    if policy == "IfNotCached":
+        assert "--required" not in inits["fetch-artifacts"]["command"]
+    (store,) = spec["containers"]
+    assert store["name"] == "store-artifacts" and store["command"] == [
+        "neuronmodel-runtime", "artifacts", "store", vllm.VLLM_CACHE_ROOT, "--store", "/mnt/compile-cache/vllm",
+        "--policy", policy, "--ready-url", "http://127.0.0.1:8000/health"]
+    assert spec["restartPolicy"] == "Never"
+    assert sidecar["resources"] == _container(t)["resources"]  # the NeuronCores are vLLM's
+
+
+def test_a_serving_pod_whose_entry_is_missing_fails_with_the_key():
+    key = "ab" * 32
+    message = (f"neuronmodel-runtime: {keys.ARTIFACTS_MISSING}: no compiled artifacts for key {key} in "
+               "/mnt/compile-cache/vllm, and a serving pod never compiles: ...")
+    pod_status = {"metadata": {"name": "m-1"}, "status": {
+        "phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "initContainerStatuses": [{"name": "fetch-artifacts", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                   "lastState": {"terminated": {"exitCode": 2, "message": message}}}]}}
+    t = _target(CACHED, compileCache={"url": "pvc://neuron-cache/vllm", "policy": "Never"})
+    workload = {"kind": "Deployment", "metadata": {"generation": 1}, "spec": {"replicas": 1},
+                "status": {"observedGeneration": 1, "replicas": 1}}
+    now = datetime(2026, 12, 3, tzinfo=timezone.utc)
+    observed = status.Observed(generation=1, created=now, previous={}, resolved=t.resolved, spec_error=None,
+                               desired_replicas=1, workload=workload, compile_job=None, compile_required=False,
+                               rollout_held=False, pods=[pod_status], endpoint="http://m:8000", selector="a=b",
+                               now=now, compile_cache_url="pvc://neuron-cache/vllm")
+    current = status.status(observed)
+    ready = next(c for c in current["conditions"] if c["type"] == "Ready")
+    assert (current["phase"], ready["reason"]) == ("Failed", "ArtifactsMissing") and key in ready["message"]
+    assert ("Warning", "ArtifactsMissing") in {(kind, reason) for kind, reason, _ in status.events({}, current)}
+
+
+def test_the_jobs_vllm_and_the_serving_pods_have_one_environment_but_the_no_compile_switch():
+    """vLLM's compile cache hashes its known variables into its keys (vllm/envs.py compile_factors: every one but an
+    ignore list, and VLLM_ENGINE_READY_TIMEOUT_S is hashed): a Job that compiled under other values would leave the
+    replicas a cache they miss."""
+    t = _target(CACHED)
+    (job,) = builders.compile_children(t)
+    compiling = {e["name"]: e.get("value") for e in _inits(job["spec"]["template"])["runtime"]["env"]}
+    serving = {e["name"]: e.get("value") for e in _container(t)["env"]}
+    assert serving.pop("VLLM_NEURON_DISABLE_WARMUP_COMPILE") == "1"  # the plugin's variable, not vLLM's
+    assert compiling == serving

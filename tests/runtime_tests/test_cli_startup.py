@@ -130,6 +130,31 @@ def test_corrupt_weights_file(capsys, tmp_path):
     assert f"cannot load model {model}: " in err and "--log-level DEBUG shows the traceback" in err
 
 
+def test_a_group_that_cannot_form_stops_at_start_naming_the_variable(capsys, monkeypatch):
+    target = ["--model", str(TINY / "target"), "--framework", "torch"]
+    err = start_error(capsys, "worker", *target)
+    assert "`neuronmodel-runtime worker` runs a rank of a multi-process group, but this config serves alone" in err
+    err = start_error(capsys, "worker", *target, "--tensor-parallel-degree", "2", "--nodes", "2", "--worker-index", "0",
+                      "--leader-address", "127.0.0.1")
+    assert "--worker-index 0 is the group's leader: run `neuronmodel-runtime serve` there" in err
+    err = start_error(capsys, "worker", *target, "--tensor-parallel-degree", "2", "--nodes", "2", "--worker-index", "1")
+    assert "parallelism.nodes is 2 but LWS_LEADER_ADDRESS is not set" in err
+    monkeypatch.setenv("LWS_GROUP_SIZE", "4")
+    err = start_error(capsys, "serve", *target, "--port", str(free_port()), "--tensor-parallel-degree", "2",
+                      "--nodes", "2")
+    assert "LWS_GROUP_SIZE=4 but parallelism.nodes is 2" in err
+    monkeypatch.delenv("LWS_GROUP_SIZE")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    err = start_error(capsys, "serve", *target, "--port", str(free_port()))
+    assert "WORLD_SIZE=8 in a process of a single-process model" in err
+
+
+def test_the_torch_runner_alone_refuses_tp_above_one(capsys):
+    """selftest builds its runner without a group: TP 2 needs the ranks `serve` starts."""
+    err = start_error(capsys, "selftest", "--model", str(TINY / "target"), "--tensor-parallel-degree", "2")
+    assert "parallelism.tensor_parallel_degree 2 on framework torch runs 2 processes" in err
+
+
 def test_the_tiny_speculative_pair_needs_no_length_flags(capsys):
     """The README's example: the tiny models allow 1024 positions, below the 2048 default."""
     assert cli.main(["selftest", "--model", str(TINY / "target"), "--speculation-mode", "draft",

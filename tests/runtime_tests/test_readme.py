@@ -58,6 +58,13 @@ COVERED_ELSEWHERE = {
         "tests/integration/test_chart_install.py",
     "make chart": "tests/integration/test_chart_oci.py",
     "sudo make e2e": "tests/integration/realnode/test_end_to_end.py",  # make test runs that module too
+    # a group of two hosts: test_group_processes.py starts these two (on free ports, with small limits)
+    "LWS_LEADER_ADDRESS=127.0.0.1 LWS_GROUP_SIZE=2 LWS_WORKER_INDEX=0 neuronmodel-runtime serve --model "
+    "tests/assets/tiny/target --framework torch --nodes 2 --tensor-parallel-degree 2":
+        "tests/runtime_tests/distributed/test_group_processes.py",
+    "LWS_LEADER_ADDRESS=127.0.0.1 LWS_GROUP_SIZE=2 LWS_WORKER_INDEX=1 neuronmodel-runtime worker --model "
+    "tests/assets/tiny/target --framework torch --nodes 2 --tensor-parallel-degree 2":
+        "tests/runtime_tests/distributed/test_group_processes.py",
 }
 
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}

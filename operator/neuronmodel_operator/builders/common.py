@@ -48,6 +48,11 @@ class Target:
     def multi_node(self) -> bool:
         return self.spec.parallelism.nodes > 1
 
+    @property
+    def runs_vllm(self) -> bool:
+        """spec.engine vllm: vLLM Neuron's `vllm serve` (builders/vllm.py), not our runtime."""
+        return self.spec.engine == "vllm"
+
 
 def target_from_body(body: Mapping[str, Any], defaults: OperatorDefaults,
                      pin: Optional[Callable[[NeuronModelSpec], NeuronModelSpec]] = None) -> Target:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Optional
 
 from neuronmodel_operator import api
 from neuronmodel_operator.builders.common import COMPONENT_COMPILE, Target, metadata
@@ -35,26 +35,33 @@ def _job(target: Target, name: str) -> dict[str, Any]:
             # An evicted or preempted pod (node drain, spot reclaim) is not the compile's fault: not a retry.
             "podFailurePolicy": {"rules": [{"action": "Ignore",
                                             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
-            "template": pod_template(target, "compile", config_map=name),
+            "template": pod_template(target, "compile", config_map=None if target.runs_vllm else name),
         },
     }
 
 
 def compile_name(target: Target) -> str:
-    """`<name>-compile-<sha10>`, the sha256 of the Job (with its own name left out) and of its RuntimeConfig: the
-    compile key, the image and every pod setting are in it. The Job and its ConfigMap share the name."""
-    rendered = {"job": _job(target, ""), "config": runtime_config(target, for_compile=True)}
+    """`<name>-compile-<sha10>`, the sha256 of the Job (with its own name left out) and of its RuntimeConfig (none
+    for engine vllm, whose flags are in the Job): the compile key, the image and every pod setting are in it. The Job
+    and its ConfigMap share the name."""
+    config = None if target.runs_vllm else runtime_config(target, for_compile=True)
+    rendered: dict[str, Any] = {"job": _job(target, "")}
+    if config is not None:
+        rendered["config"] = config
     digest = hashlib.sha256(json.dumps(rendered, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return f"{target.name}-compile-{digest[:CONTENT_CHARS]}"
 
 
 def compile_job(target: Target) -> dict[str, Any]:
     """`compile_name`: `neuronmodel-runtime compile` with the compile ConfigMap, on the same instance type,
-    resources and volumes as the serving pods (compiles target that instance family)."""
+    resources and volumes as the serving pods (compiles target that instance family); engine vllm: vLLM compiling
+    as a sidecar and `store-artifacts` storing what it compiled (vllm.py)."""
     return _job(target, compile_name(target))
 
 
-def compile_configmap(target: Target) -> dict[str, Any]:
+def compile_configmap(target: Target) -> Optional[dict[str, Any]]:
     """The compile Job's own config, of the NEW spec (the serving pods may still run an older one while the Job
-    compiles), with the spec's own cache policy."""
+    compiles), with the spec's own cache policy; None for engine vllm (its Job reads no RuntimeConfig)."""
+    if target.runs_vllm:
+        return None
     return config_map(target, compile_name(target), COMPONENT_COMPILE, for_compile=True)

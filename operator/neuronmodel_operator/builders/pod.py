@@ -12,9 +12,11 @@ Sizing (`sizing.py`): the runtime container requests its share of the node's CPU
 storage its emptyDirs may fill, each emptyDir has a sizeLimit, and spec.resources overrides any of these requests.
 Serving pods spread over nodes and zones (`topology_spread`).
 
-Engine vllm (spec.engine) changes the container only: AWS's vLLM Neuron image running `vllm serve` with the spec
+Engine vllm (spec.engine) changes the containers only: AWS's vLLM Neuron image running `vllm serve` with the spec
 as vLLM's flags and environment (`vllm.py`), probed on /health (vLLM has no /ready), and no RuntimeConfig volume;
-its download init containers run our runtime image (Resolved.fetch_image). Everything else is shared.
+its download init containers, and with a compile cache the ones that hand vLLM's compiled folder in and out of the
+store (`fetch-artifacts`, and the compile Job's `store-artifacts` beside vLLM as a sidecar), run our runtime image
+(Resolved.fetch_image). Everything else is shared.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ STARTUP_PERIOD_S = 5
 #: Startup budgets (seconds) of `startup_budget_s`.
 BUDGET_TORCH_S = 10 * 60
 BUDGET_CACHED_S = 30 * 60
-BUDGET_COMPILE_IN_POD_S = 4 * 60 * 60
+BUDGET_COMPILE_IN_POD_S = vllm.COMPILE_BUDGET_S
 
 
 def startup_budget_s(target: Target) -> int:
@@ -137,7 +139,7 @@ def probes(target: Target) -> dict[str, Any]:
 
     Liveness only starts once the startup probe has passed, so a long compile is never killed by it.
     """
-    ready = "/health" if _is_vllm(target) else "/ready"
+    ready = "/health" if target.runs_vllm else "/ready"
     return {
         "startupProbe": {**_http_get(ready), "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 5,
                          "failureThreshold": startup_budget_s(target) // STARTUP_PERIOD_S},
@@ -185,6 +187,10 @@ def volumes_and_mounts(target: Target,
     return volumes, mounts
 
 
+def _fetch_image(target: Target) -> str:
+    return target.resolved.fetch_image or target.resolved.image  # the vLLM image has no neuronmodel-runtime
+
+
 def init_containers(target: Target) -> list[dict[str, Any]]:
     """One `fetch-<role>` per downloaded source (hf://, s3://): `neuronmodel-runtime fetch` writes it into the
     models emptyDir atomically. The HF token (spec.model.tokenSecretRef, used for the draft too: a gated draft of
@@ -199,8 +205,7 @@ def init_containers(target: Target) -> list[dict[str, Any]]:
         if token is not None and placed.source.startswith("hf://"):
             env.append(_secret_env(runtime_env.HF_TOKEN, token))
         env.append({"name": "HOME", "value": "/tmp"})
-        image = target.resolved.fetch_image or target.resolved.image  # the vLLM image has no neuronmodel-runtime
-        init: dict[str, Any] = {"name": placed.init_name, "image": image,
+        init: dict[str, Any] = {"name": placed.init_name, "image": _fetch_image(target),
                                 "command": list(placed.fetch), "env": env,
                                 "resources": resources(target, sizing.fetch_requests(target), {})}
         init["securityContext"] = security_context()
@@ -243,24 +248,31 @@ def topology_spread(target: Target) -> list[dict[str, Any]]:
             for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
 
 
-def _is_vllm(target: Target) -> bool:
-    return target.spec.engine == "vllm"
+def _vllm_compiles(target: Target, role: Role) -> bool:
+    """The compile Job's vLLM: a sidecar that compiles, probed until it is up (then store-artifacts runs)."""
+    return target.runs_vllm and role == "compile"
 
 
 def _container(target: Target, command: Sequence[str], role: Role, mounts: list[dict[str, Any]]) -> dict[str, Any]:
     """The `runtime` container; probes and the http port on serving pods only (role "serve"). Engine vllm: the
-    image's entrypoint runs `vllm serve` from the args (`command` unused), in a writable working directory."""
+    image's entrypoint runs `vllm serve` from the args (`command` unused), in a writable working directory; in the
+    compile Job it is a sidecar with a startupProbe sized for a compile, which holds `store-artifacts` back until
+    vLLM is up."""
     out: dict[str, Any] = {"name": CONTAINER_NAME, "image": target.resolved.image}
-    if _is_vllm(target):
+    if target.runs_vllm:
         out.update(args=vllm.serve_args(target), workingDir=vllm.WORKING_DIR)
     else:
         out["command"] = list(command)
-    if role == "serve":
+    if role == "serve" or _vllm_compiles(target, role):
         out["ports"] = [{"name": api.SERVER_PORT_NAME, "containerPort": target.spec.server.port, "protocol": "TCP"}]
-    out["env"] = vllm.env(target, startup_budget_s(target)) if _is_vllm(target) else _env(target)
+    out["env"] = vllm.env(target, role) if target.runs_vllm else _env(target)
     out["resources"] = runtime_resources(target)
     if role == "serve":
         out.update(probes(target))
+    if _vllm_compiles(target, role):
+        out["restartPolicy"] = "Always"
+        out["startupProbe"] = {**_http_get("/health"), "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 5,
+                               "failureThreshold": BUDGET_COMPILE_IN_POD_S // STARTUP_PERIOD_S}
     out["securityContext"] = security_context()
     # the status code reads why the runtime exited from the termination message, or its log's tail when it wrote none
     out["terminationMessagePolicy"] = "FallbackToLogsOnError"
@@ -290,11 +302,46 @@ def pod_spec(target: Target, command: Sequence[str], role: Role, config_map: Opt
         spec["topologySpreadConstraints"] = topology_spread(target)
     if dra.uses_dra(target):
         spec["resourceClaims"] = [{"name": dra.CLAIM, "resourceClaimTemplateName": dra.claim_template_name(target)}]
-    if inits := init_containers(target):
+    inits, containers = init_containers(target), [_container(target, command, role, mounts)]
+    if target.runs_vllm and target.spec.compile_cache.url is not None:
+        inits, containers = _vllm_artifacts(target, role, inits, containers)
+    if inits:
         spec["initContainers"] = inits
-    spec["containers"] = [_container(target, command, role, mounts)]
+    spec["containers"] = containers
     spec["volumes"] = volumes
     return spec
+
+
+def _artifacts_container(target: Target, name: str, command: list[str]) -> dict[str, Any]:
+    """One of our runtime's `artifacts` containers of an engine vllm pod: vLLM's compiled folder on the cache
+    emptyDir, the compile cache, the key's inputs."""
+    cache = sources.compile_cache_mount(target.spec)
+    mounts = [{"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
+    if cache is not None and cache.mount is not None:
+        mounts.append(cache.mount)
+    return {"name": name, "image": _fetch_image(target), "command": command,
+            "env": [vllm.key_env(target), {"name": "HOME", "value": "/tmp"}],
+            "resources": resources(target, sizing.artifacts_requests(target), {}),
+            "securityContext": security_context(), "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": mounts}
+
+
+def _vllm_artifacts(target: Target, role: Role, inits: list[dict[str, Any]],
+                    containers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(init containers, containers) of an engine vllm pod with a compile cache: serving pods fetch the entry first
+    (`--required`: a miss fails the pod, naming the key); the compile Job fetches it unless its policy is Always (a
+    hit starts vLLM warm), runs vLLM as a sidecar and stores its folder with `store-artifacts`, its only container.
+    vLLM itself never mounts the compile cache."""
+    for container in containers:
+        container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "compile-cache"]
+    if role != "compile":
+        fetch = _artifacts_container(target, vllm.FETCH_ARTIFACTS, vllm.fetch_artifacts_command(target, True))
+        return [*inits, fetch], containers
+    if target.spec.compile_cache.policy != "Always":
+        inits = [*inits, _artifacts_container(target, vllm.FETCH_ARTIFACTS, vllm.fetch_artifacts_command(target,
+                                                                                                          False))]
+    store = _artifacts_container(target, vllm.STORE_ARTIFACTS, vllm.store_artifacts_command(target))
+    return [*inits, *containers], [store]
 
 
 def pod_template(target: Target, role: Role, config_map: Optional[str],

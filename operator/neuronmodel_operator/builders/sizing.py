@@ -90,3 +90,9 @@ def fetch_requests(target: Target) -> dict[str, str]:
     """A download init container writes the models emptyDir and /tmp."""
     sizes = volume_sizes_gib(target)
     return {"ephemeral-storage": f"{sizes[sources.MODELS_VOLUME] + sizes['tmp']}Gi"}
+
+
+def artifacts_requests(target: Target) -> dict[str, str]:
+    """Engine vllm's `artifacts` containers write the cache emptyDir (vLLM's compiled folder) and /tmp."""
+    sizes = volume_sizes_gib(target)
+    return {"ephemeral-storage": f"{sizes['cache'] + sizes['tmp']}Gi"}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,6 +26,8 @@ from neuronmodel_runtime.artifacts.folder import (ARTIFACTS_MARKER, FETCH_MARKER
                                                   write_json)
 from neuronmodel_runtime.config import RuntimeConfig, cache_root
 from neuronmodel_runtime.config import env as env_names
+from neuronmodel_runtime.config import keys
+from neuronmodel_runtime.config.keys import canonical_json
 from neuronmodel_runtime.frameworks import FrameworkDetection, detect_frameworks
 
 #: The files whose bytes are the model's weights (and what turns them into a graph: config and tokenizer aside).
@@ -43,35 +44,9 @@ class ArtifactKey:
     inputs: Mapping[str, Any] = field(compare=False, repr=False)
 
 
-def _check_json(value: Any, where: str) -> None:
-    if isinstance(value, Mapping):
-        for name, item in value.items():
-            if not isinstance(name, str):
-                raise ValueError(f"artifact key input {where}: key {name!r} must be a string")
-            _check_json(item, f"{where}.{name}" if where else name)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_json(item, f"{where}[{i}]")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"artifact key input {where}: {value} is not a finite number (JSON has no NaN/Infinity)")
-    elif not (value is None or isinstance(value, (str, int))):
-        raise ValueError(f"artifact key input {where}: a {type(value).__name__} is not JSON data (use str, int, "
-                         "float, bool, None, lists and string-keyed mappings)")
-
-
-def canonical_json(inputs: Mapping[str, Any]) -> str:
-    """Sorted keys, compact separators, ASCII only, tuples as lists; NaN/Infinity and non-JSON values refused."""
-    if not isinstance(inputs, Mapping):
-        raise ValueError(f"artifact key inputs must be a mapping, not {type(inputs).__name__}")
-    _check_json(inputs, "")
-    return json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
 def artifact_key(inputs: Mapping[str, Any]) -> ArtifactKey:
     """The key of `inputs` (pure: dict order never changes it, any value change does)."""
-    text = canonical_json(inputs)
-    return ArtifactKey(hashlib.sha256(text.encode("ascii")).hexdigest(), json.loads(text))
+    return ArtifactKey(keys.digest(inputs), json.loads(canonical_json(inputs)))
 
 
 # --- the inputs ------------------------------------------------------------------------------------------------------

@@ -28,3 +28,15 @@ NEURON_COMPILE_CACHE_URL = "NEURON_COMPILE_CACHE_URL"
 HF_TOKEN = "HF_TOKEN"
 #: vLLM's framework variable (neuronx-distributed-inference | transformers-neuronx), honoured as `framework`.
 VLLM_FRAMEWORK = "VLLM_NEURON_FRAMEWORK"
+#: The key inputs (a JSON object) of an engine's compiled artifacts that the operator derived, for the pods of an
+#: engine whose compile the runtime does not drive itself (engine vllm): `neuronmodel-runtime artifacts fetch|store`
+#: name the store entry by their digest (keys.digest), as the operator's status.resolved.compileKey does.
+ARTIFACT_KEY_INPUTS = ENV_PREFIX + "ARTIFACT_KEY_INPUTS"
+#: LeaderWorkerSet's variables in every pod of a group (its controller injects them): the leader pod's address
+#: (the group's headless-Service DNS name), the pods in the group, and this pod's index in it (0 = the leader).
+LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+LWS_GROUP_SIZE = "LWS_GROUP_SIZE"
+LWS_WORKER_INDEX = "LWS_WORKER_INDEX"
+#: The leader's torch.distributed (gloo) port of a multi-process group: the step broadcast, and the reference
+#: runner's all-reduces (distributed/topology.py's DEFAULT_GROUP_PORT when unset).
+GROUP_PORT = ENV_PREFIX + "GROUP_PORT"

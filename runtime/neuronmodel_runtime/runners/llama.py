@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -100,9 +100,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class LlamaModel:
     """Weights, RoPE tables and the static KV cache `[slots, KV, max_len, hd]` per layer, plus the forward."""
 
-    def __init__(self, config: LlamaConfig, weights: LlamaWeights, num_slots: int, max_len: int):
+    def __init__(self, config: LlamaConfig, weights: LlamaWeights, num_slots: int, max_len: int,
+                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        """`reduce`: tensor parallelism (runners/tensor_parallel.py): `config` and `weights` are this rank's shard,
+        and `reduce` sums a rank's partial attention and MLP outputs over the group (an all-reduce, in place)."""
         self.config = config
         self.weights = weights
+        self.reduce = reduce or (lambda partial: partial)
         self.num_slots = num_slots
         self.max_len = max_len
         self.device = weights.embed.device
@@ -170,9 +174,10 @@ class LlamaModel:
             attn = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=heads != kv_heads
             )  # [B, H, T, hd]
-            x = x + F.linear(attn.transpose(1, 2).reshape(batch, length, heads * hd), layer.o, layer.o_bias)
+            x = x + self.reduce(F.linear(attn.transpose(1, 2).reshape(batch, length, heads * hd), layer.o,
+                                         layer.o_bias))
             gate, up = F.linear(rms_norm(x, layer.post_norm, cfg.rms_norm_eps), layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            x = x + self.reduce(F.linear(F.silu(gate) * up, layer.down))
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

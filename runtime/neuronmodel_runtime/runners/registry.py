@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from neuronmodel_runtime.runners.base import ModelRunner, RunnerError
 
@@ -18,8 +18,9 @@ RUNNERS = {
 }
 
 
-def create_runner(framework: str, config: "RuntimeConfig", model_path: str) -> ModelRunner:
-    """Build (not load) the runner of a selected framework."""
+def create_runner(framework: str, config: "RuntimeConfig", model_path: str, **rank: Any) -> ModelRunner:
+    """Build (not load) the runner of a selected framework; `rank`: its place in a multi-process group
+    (distributed/launch.py: the torch runner's `tensor_parallel`, the NxDI runner's `node_rank`)."""
     target = RUNNERS.get(framework)
     if target is None:
         raise RunnerError(
@@ -28,4 +29,4 @@ def create_runner(framework: str, config: "RuntimeConfig", model_path: str) -> M
         )
     module_name, class_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(config, model_path)
+    return cls(config, model_path, **rank)

@@ -65,6 +65,7 @@ from neuronmodel_runtime.runners.graph_artifacts import (
 )
 from neuronmodel_runtime.runners.llama import LlamaConfig, LlamaModel, LlamaWeights
 from neuronmodel_runtime.runners.slot_sampler import SlotSampler
+from neuronmodel_runtime.runners.tensor_parallel import TensorParallel, shard
 from neuronmodel_runtime.runners.vocabulary import vocabulary_mismatch
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingCapabilities
 
@@ -103,8 +104,11 @@ class TorchReferenceRunner(ModelRunner):
 
     framework = "torch"
 
-    def __init__(self, config: RuntimeConfig, model_path: str):
+    def __init__(self, config: RuntimeConfig, model_path: str, tensor_parallel: Optional[TensorParallel] = None):
+        """`tensor_parallel`: this process's rank of a tensor_parallel_degree > 1 group (distributed/); the runner
+        then holds that rank's shard (runners/tensor_parallel.py) and the draft model on rank 0 only."""
         self.config = config
+        self.tensor_parallel = tensor_parallel
         self.model_path = Path(model_path)
         self.device = torch.device(config.device)
         self.model: Optional[LlamaModel] = None
@@ -124,8 +128,15 @@ class TorchReferenceRunner(ModelRunner):
     @torch.inference_mode()
     def load(self) -> None:
         cfg = self.config
-        if cfg.parallelism.tensor_parallel_degree != 1 or cfg.parallelism.nodes != 1:
-            raise RunnerError("the torch reference runner supports tensor_parallel_degree=1 and nodes=1 only")
+        tp, group = cfg.parallelism.tensor_parallel_degree, self.tensor_parallel
+        if tp != (group.world if group else 1):
+            raise RunnerError(f"parallelism.tensor_parallel_degree {tp} on framework torch runs {tp} processes, one "
+                              "per rank: `neuronmodel-runtime serve` starts them (and `neuronmodel-runtime worker` on "
+                              "each further node); this runner was built for "
+                              f"{group.world if group else 1}")
+        if group and cfg.compile:
+            raise RunnerError("compile: true with parallelism.tensor_parallel_degree > 1 is not supported by the torch "
+                              "reference runner (its fixed-shape graphs hold no collectives); set compile false")
         if not self.model_path.is_dir():
             raise RunnerError(f"model folder {self.model_path} does not exist")
         model_config = read_config(self.model_path, cfg.max_model_len)
@@ -149,8 +160,12 @@ class TorchReferenceRunner(ModelRunner):
             self._load_compiled(model_config, draft_config, dtype)
             return
         weights = build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
-        self.model = LlamaModel(model_config, weights, cfg.max_num_seqs, cfg.max_model_len)
-        if draft_config is not None:
+        if group is None:
+            self.model = LlamaModel(model_config, weights, cfg.max_num_seqs, cfg.max_model_len)
+        else:
+            part, weights = shard(model_config, weights, group.rank, group.world)
+            self.model = LlamaModel(part, weights, cfg.max_num_seqs, cfg.max_model_len, reduce=group.reduce)
+        if draft_config is not None and (group is None or group.rank == 0):  # the leader drafts, alone
             weights = build_weights(draft_config, read_tensors(self._draft_path()), self.device, dtype)
             self.draft = LlamaModel(draft_config, weights, cfg.max_num_seqs, cfg.max_model_len)
 
@@ -388,6 +403,8 @@ class TorchReferenceRunner(ModelRunner):
         facts: dict[str, Any] = {"framework": self.framework, "torch": torch.__version__, "device": str(self.device)}
         if self.model is not None:
             facts.update(dtype=str(self.model.dtype).removeprefix("torch."), architecture=self.model.config.architecture)
+        if self.tensor_parallel is not None:
+            facts["tensor_parallel"] = {"rank": self.tensor_parallel.rank, "world": self.tensor_parallel.world}
         if self.graphs is not None:
             facts.update(compile=True, graphs=self.graphs.shapes(),
                          artifacts=self.artifacts.info() if self.artifacts else None,

@@ -1,7 +1,7 @@
 """Container images of the real node (`k8s.realnode`), built here without any registry or image tool.
 
-  * the pause image (the pod sandbox): Kubernetes' own `build/pause/linux/pause.c`, taken from the
-    `k8s.io/kubernetes` module zip in the Go module cache, compiled statically with gcc;
+  * the pause image (the pod sandbox): Kubernetes' own `build/pause/linux/pause.c` (`install.pause_source()`,
+    copied from the `k8s.io/kubernetes` module by `make k8s-bin`), compiled statically with gcc;
   * a tiny test image: the static busybox of Debian's `busybox-static` package (httpd, sh, wget), user 65534.
 
 Each is written as an OCI image layout archive (one uncompressed tar layer, config, manifest, index) that
@@ -98,7 +98,7 @@ def pause_archive() -> Path:
         return target
     if not shutil.which("gcc") or not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists():
         _apt_install("gcc", "libc6-dev")
-    source = install.kubernetes_module_dir() / "build" / "pause" / "linux" / "pause.c"
+    source = install.pause_source()
     with tempfile.TemporaryDirectory() as tmp:
         binary = Path(tmp) / "pause"
         subprocess.run(["gcc", "-Os", "-Wall", "-Werror", "-static", f"-DVERSION=v{PAUSE_TAG}-neuronmodel",
