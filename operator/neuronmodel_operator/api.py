@@ -110,6 +110,11 @@ Engine = Literal["neuronmodel", "vllm"]
 DEFAULT_ENGINE = "neuronmodel"
 
 
+#: A Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of 1-63 characters.
+LABEL_KEY_PATTERN = (r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
 def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
     """json_schema_extra carrying CEL rules: (rule, message saying how to fix)."""
     return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
@@ -172,6 +177,15 @@ class Parallelism(_Spec):
     logical_core_config: Optional[Literal[1, 2]] = Field(
         None, description="trn2 only: logical NeuronCore config (NEURON_LOGICAL_NC_CONFIG), 2 by default; must "
         "match the nodes' setting.")
+    efa: Optional[bool] = Field(
+        None, description="nodes > 1: request the instance type's EFA devices (vpc.amazonaws.com/efa, from the EFA "
+        "device plugin) for the collectives between the group's nodes; default on where the instance type has "
+        "them (trn1.32xlarge 8, trn1n.32xlarge 16, trn2.48xlarge 16, trn2u.48xlarge 16).")
+    group_topology_key: Optional[str] = Field(
+        None, max_length=316, pattern=f"^(|{LABEL_KEY_PATTERN})$",
+        description="nodes > 1: the node label whose value a serving group has to itself (LeaderWorkerSet's "
+        "exclusive-topology: one group per node group or placement group, never two sharing one); default the "
+        "operator's (chart value multiNode.groupTopologyKey, eks.amazonaws.com/nodegroup); '' for none.")
 
 
 class Batching(_Spec):
@@ -270,6 +284,7 @@ class Resources(_Spec):
 
 
 _KNOWN_TYPES = ", ".join(f"'{name}'" for name in devices.INSTANCE_TYPES)
+_EFA_TYPES = ", ".join(f"'{name}'" for name, t in devices.INSTANCE_TYPES.items() if t.efa_interfaces)
 _NEURON_PREFIX_CEL = " || ".join(f"self.instanceType.startsWith('{p}')" for p in devices.NEURON_PREFIXES)
 
 
@@ -345,6 +360,16 @@ class NeuronModelSpec(_Spec):
          "neuronConfigOverrides are NxDI / transformers-neuronx NeuronConfig keywords, and framework torch (the "
          "reference runner) has no NeuronConfig: remove spec.neuronConfigOverrides, or use framework auto, nxdi or "
          "tnx"),
+        ("!has(self.parallelism.efa) || !self.parallelism.efa || self.parallelism.nodes > 1",
+         "parallelism.efa applies to nodes > 1 (the collectives between a group's nodes): remove it, or set "
+         "parallelism.nodes"),
+        (f"!has(self.parallelism.efa) || !self.parallelism.efa || !has(self.instanceType) || "
+         f"self.instanceType in [{_EFA_TYPES}]",
+         f"parallelism.efa: the instanceType has no EFA devices; EFA is on {_EFA_TYPES.replace(chr(39), '')}: "
+         "choose one of them, or set parallelism.efa false"),
+        ("!has(self.parallelism.groupTopologyKey) || self.parallelism.nodes > 1",
+         "parallelism.groupTopologyKey applies to nodes > 1 (where a serving group spans nodes): remove it, or set "
+         "parallelism.nodes"),
         *_VLLM_RULES,
         *_tp_rules(),
     ))
@@ -440,6 +465,10 @@ class ResolvedStatus(_Spec):
     logical_core_config: Optional[int] = Field(None, description="trn2's logical NeuronCore config.")
     neuron_cores_per_pod: Optional[int] = Field(None, description="NeuronCores each pod gets.")
     neuron_devices_per_pod: Optional[int] = Field(None, description="Neuron devices those cores span.")
+    efa_devices_per_pod: Optional[int] = Field(None, description="EFA devices each pod of a multi-node group "
+                                               "requests (vpc.amazonaws.com/efa).")
+    group_topology_key: Optional[str] = Field(None, description="The node label whose value each multi-node group "
+                                              "has to itself (LeaderWorkerSet exclusive-topology).")
     image: Optional[str] = Field(None, description="Runtime image.")
     compile_key: Optional[str] = Field(None, description="sha256 of everything that changes the compiled graphs.")
     model_revision: Optional[str] = Field(None, description="The hf:// commit every replica serves (an unpinned "

@@ -21,7 +21,7 @@ import kopf
 from neuronmodel_operator import api, crd_check, devices, handlers, images
 from neuronmodel_operator.k8s import Kube, connect
 from neuronmodel_operator.reconcile import Reconcile
-from neuronmodel_operator.resolve import OperatorDefaults
+from neuronmodel_operator.resolve import DEFAULT_GROUP_TOPOLOGY_KEY, OperatorDefaults
 
 ENV = "NEURONMODEL_OPERATOR_"
 
@@ -81,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
                    "the Neuron scheduler extension's, which picks contiguous ones; '' for none (such models then "
                    "carry a warning); spec.schedulerName overrides it (env "
                    "NEURONMODEL_OPERATOR_NEURON_SCHEDULER_NAME)")
+    p.add_argument("--group-topology-key", default=_env("GROUP_TOPOLOGY_KEY", DEFAULT_GROUP_TOPOLOGY_KEY),
+                   help="node label whose value a multi-node serving group has to itself (LeaderWorkerSet "
+                   "exclusive-topology), unless spec.parallelism.groupTopologyKey names another; '' for none (env "
+                   "NEURONMODEL_OPERATOR_GROUP_TOPOLOGY_KEY)")
     p.add_argument("--allow-host-path", action=argparse.BooleanOptionalAction,
                    default=_env("ALLOW_HOST_PATH", "") in ("1", "true"),
                    help="serve NeuronModels whose model, draft or compile cache is a node path (a hostPath volume); "
@@ -103,8 +107,8 @@ def operator_defaults(args: argparse.Namespace) -> OperatorDefaults:
     per family), the HPA metric, the compile cache, the Neuron scheduler's name and whether node paths are served.
 
     Raises:
-        api.SpecError: --compile-cache-url is not a cache URL, or a node path without --allow-host-path (the
-            message names the flags).
+        api.SpecError: --compile-cache-url is not a cache URL, or a node path without --allow-host-path, or
+            --group-topology-key is not a label key (the message names the flags).
     """
     cache = None
     if args.compile_cache_url:
@@ -116,10 +120,14 @@ def operator_defaults(args: argparse.Namespace) -> OperatorDefaults:
             raise api.SpecError(f"--compile-cache-url {args.compile_cache_url!r} is a node path: also pass "
                                 "--allow-host-path (NEURONMODEL_OPERATOR_ALLOW_HOST_PATH=true), or use s3:// or pvc://")
         cache = api.CompileCache(url=args.compile_cache_url, policy=args.compile_cache_policy)
+    if args.group_topology_key and not re.fullmatch(api.LABEL_KEY_PATTERN, args.group_topology_key):
+        raise api.SpecError(f"--group-topology-key (NEURONMODEL_OPERATOR_GROUP_TOPOLOGY_KEY) "
+                            f"{args.group_topology_key!r} is not a node label key (such as "
+                            "eks.amazonaws.com/nodegroup); '' for none")
     return OperatorDefaults(image=args.runtime_image, hpa_metric=args.hpa_metric,
                             image_repository=args.runtime_image_repository, image_version=args.runtime_image_version,
                             compile_cache=cache, neuron_scheduler_name=args.neuron_scheduler_name or None,
-                            allow_host_path=args.allow_host_path)
+                            allow_host_path=args.allow_host_path, group_topology_key=args.group_topology_key)
 
 
 def peering_priority(args: argparse.Namespace) -> int:

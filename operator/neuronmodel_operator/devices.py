@@ -66,6 +66,10 @@ FAMILIES = {
 }
 
 
+#: The EFA device plugin's resource (aws-efa-k8s-device-plugin): one per EFA device of the node.
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+
 @dataclass(frozen=True)
 class InstanceType:
     name: str
@@ -73,6 +77,7 @@ class InstanceType:
     devices: int
     vcpus: int
     memory_gib: int  # host RAM
+    efa_interfaces: int = 0  # EFA devices (vpc.amazonaws.com/efa); 0: none, and no multi-node collectives
 
     def cores(self, lnc: int) -> int:
         """Logical NeuronCores the device plugin advertises on this node at `lnc`."""
@@ -86,18 +91,22 @@ class InstanceType:
         return self.memory_gib * (1 - NODE_RESERVED_SHARE) - NODE_RESERVED_MEMORY_GIB
 
 
-def _types(family: str, *shapes: tuple[str, int, int, int]) -> dict[str, InstanceType]:
+def _types(family: str, *shapes: tuple) -> dict[str, InstanceType]:
     return {name: InstanceType(name, FAMILIES[family], *shape) for name, *shape in shapes}
 
 
 #: Every Neuron instance type the operator places pods on, smallest first within a family:
-#: (name, Neuron devices, vCPUs, host memory GiB).
+#: (name, Neuron devices, vCPUs, host memory GiB[, EFA devices]). EFA: "trn1.32xlarge has 8 EFA devices,
+#: trn1n.32xlarge has 16 ... EFA is currently not available on the smaller instance sizes" (SDK 2.29.1
+#: frameworks/torch/torch-neuronx/setup-trn1-multi-node-execution.rst); trn2.48xlarge and trn2u.48xlarge: 16
+#: (EC2's 16 network cards of EFAv3, 3.2 Tbps; not read from a pinned source here); inf2 has none.
 INSTANCE_TYPES: dict[str, InstanceType] = {
     **_types("inf2", ("inf2.xlarge", 1, 4, 16), ("inf2.8xlarge", 1, 32, 128), ("inf2.24xlarge", 6, 96, 384),
              ("inf2.48xlarge", 12, 192, 768)),
-    **_types("trn1", ("trn1.2xlarge", 1, 8, 32), ("trn1.32xlarge", 16, 128, 512), ("trn1n.32xlarge", 16, 128, 512)),
-    **_types("trn2", ("trn2.3xlarge", 1, 12, 128), ("trn2.48xlarge", 16, 192, 2048),
-             ("trn2u.48xlarge", 16, 192, 2048)),
+    **_types("trn1", ("trn1.2xlarge", 1, 8, 32), ("trn1.32xlarge", 16, 128, 512, 8),
+             ("trn1n.32xlarge", 16, 128, 512, 16)),
+    **_types("trn2", ("trn2.3xlarge", 1, 12, 128), ("trn2.48xlarge", 16, 192, 2048, 16),
+             ("trn2u.48xlarge", 16, 192, 2048, 16)),
 }
 
 #: What a node keeps from its pods' requests: the kubelet's and the OS's reservations (EKS's kube-reserved is

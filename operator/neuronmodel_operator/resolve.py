@@ -18,6 +18,12 @@ from neuronmodel_runtime.config import keys
 from neuronmodel_runtime.releases import NXDI_UNSUPPORTED_ON_TRN
 
 
+#: The node label whose value a multi-node group has to itself by default: EKS managed node groups label their nodes
+#: with it, and AWS's multi-node Neuron example (ai-on-eks, Llama-3.1-405B on 4 trn1.32xlarge) uses it as the
+#: LeaderWorkerSet exclusive-topology key. Karpenter's nodes lack it: their clusters set --group-topology-key.
+DEFAULT_GROUP_TOPOLOGY_KEY = "eks.amazonaws.com/nodegroup"
+
+
 @dataclass(frozen=True)
 class OperatorDefaults:
     """Operator-wide settings that fill what a spec leaves unset (the chart sets them).
@@ -40,6 +46,7 @@ class OperatorDefaults:
     compile_cache: Optional[api.CompileCache] = None  # --compile-cache-url / --compile-cache-policy
     neuron_scheduler_name: Optional[str] = devices.NEURON_SCHEDULER_NAME  # --neuron-scheduler-name ('' = None)
     allow_host_path: bool = False  # --allow-host-path
+    group_topology_key: str = DEFAULT_GROUP_TOPOLOGY_KEY  # --group-topology-key ('' = none)
 
     def filled(self, spec: NeuronModelSpec) -> NeuronModelSpec:
         """`spec` with the operator's compile cache when it names none of its own (either engine)."""
@@ -108,6 +115,8 @@ class Resolved:
     model_revision: Optional[str] = None  # the commit (or revision) the pods fetch the model at
     draft_revision: Optional[str] = None  # the draft model's
     fetch_image: Optional[str] = None  # the download init containers' image when not `image` (engine vllm)
+    efa_per_pod: int = 0  # EFA devices each pod of a multi-node group requests (devices.EFA_RESOURCE)
+    group_topology_key: Optional[str] = None  # the LWS exclusive-topology key of a multi-node group (None: none)
 
     def as_status(self) -> dict:
         status = {"framework": self.framework, "instanceType": self.instance_type,
@@ -115,7 +124,8 @@ class Resolved:
                   "neuronCoresPerPod": self.cores_per_pod, "neuronDevicesPerPod": self.devices_per_pod,
                   "image": self.image, "compileKey": self.compile_key, "schedulerName": self.scheduler_name,
                   "modelRevision": self.model_revision, "draftRevision": self.draft_revision,
-                  "revisions": self.revisions or None}
+                  "revisions": self.revisions or None, "efaDevicesPerPod": self.efa_per_pod or None,
+                  "groupTopologyKey": self.group_topology_key}
         return {key: value for key, value in status.items() if value is not None}
 
 
@@ -292,7 +302,7 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         image = defaults.image_for(spec, family)
         key = compile_key(spec, image, family, None)
         return Resolved(spec.framework, spec.instance_type, family, None, 0, 0, {}, image, key, compile_job, (),
-                        scheduler_name=spec.scheduler_name)
+                        scheduler_name=spec.scheduler_name, group_topology_key=group_topology_key(spec, defaults))
     if spec.parallelism.tensor_parallel_degree % spec.parallelism.nodes:
         raise SpecError("spec.parallelism.nodes must divide spec.parallelism.tensorParallelDegree")
     check_device_top_k(spec)
@@ -336,4 +346,31 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         key = compile_key(spec, image, family.name, trn2_lnc)
     return Resolved(spec.framework, instance.name, family.name, trn2_lnc, request.cores, request.devices,
                     {} if dra else request.as_resources(), image, key, compile_job, tuple(warnings),
-                    scheduler_name=scheduler, fetch_image=fetch_image)
+                    scheduler_name=scheduler, fetch_image=fetch_image, efa_per_pod=efa_per_pod(spec, instance),
+                    group_topology_key=group_topology_key(spec, defaults))
+
+
+def efa_per_pod(spec: NeuronModelSpec, instance: devices.InstanceType) -> int:
+    """Every EFA device of the node for each pod of a multi-node group (one pod per node): with parallelism.efa
+    true, or unset where the instance type has EFA; 0 for one node.
+
+    Raises:
+        SpecError: parallelism.efa true on an instance type without EFA.
+    """
+    efa = spec.parallelism.efa
+    if spec.parallelism.nodes == 1 or efa is False:
+        return 0
+    if efa and not instance.efa_interfaces:
+        having = ", ".join(name for name, t in devices.INSTANCE_TYPES.items() if t.efa_interfaces)
+        raise SpecError(f"spec.parallelism.efa: {instance.name} has no EFA devices (EFA is on {having}); choose one "
+                        "of them as instanceType, or set parallelism.efa false")
+    return instance.efa_interfaces
+
+
+def group_topology_key(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Optional[str]:
+    """The exclusive-topology key of a multi-node group: spec.parallelism.groupTopologyKey, else the operator's
+    ('' in either: none); None for one node."""
+    if spec.parallelism.nodes == 1:
+        return None
+    key = spec.parallelism.group_topology_key
+    return (defaults.group_topology_key if key is None else key) or None

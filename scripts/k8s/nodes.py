@@ -22,6 +22,10 @@ SHAPES = {
     "trn2.48xlarge": (16, 64, 192, 2048),
     "m5.xlarge": (0, 0, 4, 16),  # CPU-only
 }
+#: EFA devices the EFA device plugin advertises (vpc.amazonaws.com/efa), where the instance type has them.
+EFA = {"trn1.32xlarge": 8, "trn2.48xlarge": 16}
+#: The label EKS managed node groups put on their nodes (a multi-node group's default exclusive topology).
+NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
 
 
 def node_name(instance_type: str) -> str:
@@ -35,22 +39,29 @@ NEURON_NODE_DISK = "2Ti"
 CPU_NODE_DISK = "100Gi"
 
 
-def node(instance_type: str) -> dict:
+def node(instance_type: str, name: str = "", nodegroup: str = "") -> dict:
+    """A kwok node of `instance_type`, named `name` (default node_name's), in EKS managed node group `nodegroup`
+    (default: one of its own, as each of the harness's nodes is)."""
     devices, cores, cpu, mem_gib = SHAPES[instance_type]
     family = instance_type.split(".")[0]
+    name = name or node_name(instance_type)
+    nodegroup = nodegroup or name
     resources = {"cpu": str(cpu), "memory": f"{mem_gib}Gi", "pods": "110",
                  "ephemeral-storage": NEURON_NODE_DISK if devices else CPU_NODE_DISK}
     if devices:
         resources |= {"aws.amazon.com/neuron": str(devices), "aws.amazon.com/neuroncore": str(cores)}
+    if instance_type in EFA:
+        resources["vpc.amazonaws.com/efa"] = str(EFA[instance_type])
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
-            "name": node_name(instance_type),
+            "name": name,
             "annotations": {"kwok.x-k8s.io/node": "fake"},
             "labels": {
+                NODEGROUP_LABEL: nodegroup,
                 "type": "kwok",
-                "kubernetes.io/hostname": node_name(instance_type),
+                "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "node.kubernetes.io/instance-type": instance_type,

@@ -15,7 +15,9 @@ What it runs (all from the pinned v1.34.4 build of `k8s.install` and Debian 12 p
   * a pod network: the CNI bridge plugin on a bridge of its own, host-local IPAM on a private /24, no
     masquerade, no route out of the pods beyond the pod subnet and the Service CIDR, and an iptables chain
     (`NEURONMODEL-POD-EGRESS`) that rejects whatever a pod sends off its bridge all the same;
-  * kube-proxy in iptables mode as `system:kube-proxy`, so Service ClusterIPs work from pods and from the host.
+  * kube-proxy in iptables mode as `system:kube-proxy`, so Service ClusterIPs work from pods and from the host;
+  * a cluster DNS (`k8s.realnode_dns`) on the bridge's address, the kubelet's clusterDNS: Service and headless-
+    Service pod names (a LeaderWorkerSet's LWS_LEADER_ADDRESS) resolve in the pods;
   * the `kubernetes` Service for in-cluster clients (an operator pod): its Endpoints/EndpointSlice name the node IP,
     where a forwarder passes TCP to the apiserver's 127.0.0.1 port (the apiserver binds loopback only and runs
     `--endpoint-reconciler-type=none`; its serving cert names 10.96.0.1 and kubernetes.default.svc).
@@ -184,6 +186,7 @@ class RealNode:
             self.timings["certificates"] = time.monotonic() - t0
             self._start_containerd()
             self.timings["containerd"] = time.monotonic() - t0
+            self._start_dns()
             self._start_kubelet()
             self._start_kube_proxy()
             self._start_api_forwarder()
@@ -430,6 +433,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                              "imagefs.available": "0%", "imagefs.inodesFree": "0%"},
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "resolvConf": str(self.data_dir / "resolv.conf"), "clusterDomain": "cluster.local",
+            "clusterDNS": [self.gateway],  # k8s.realnode_dns, on the bridge's address
             "maxPods": 16, "podCIDR": self.pod_cidr, "podLogsDir": str(self.data_dir / "pod-logs"),
             "registerNode": True, "registerWithTaints": [TAINT],
             "nodeStatusReportFrequency": "10s", "syncFrequency": "10s",
@@ -484,6 +488,13 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                                      "endpointslice.kubernetes.io/managed-by": "neuronmodel-realnode"}},
              "addressType": "IPv4", "ports": port,
              "endpoints": [{"addresses": [self.node_ip], "conditions": {"ready": True}}]}]}))
+
+    def _start_dns(self) -> None:
+        """The cluster DNS (k8s.realnode_dns) on the bridge's gateway address, which the pods reach on link."""
+        env_path = str(Path(__file__).resolve().parents[1])
+        self._spawn("dns", "/usr/bin/env", f"PYTHONPATH={env_path}", sys.executable, "-m", "k8s.realnode_dns",
+                    f"--kubeconfig={self.plane.kubeconfig}", f"--listen={self.gateway}")
+        self._wait("cluster DNS", lambda: "serving" in (self.data_dir / "logs" / "dns.log").read_text())
 
     def _start_reaper(self) -> None:
         """A process that cleans up from state.json when the harness dies (PR_SET_PDEATHSIG), even by SIGKILL."""

@@ -218,6 +218,10 @@ ACCEPTED = {
     "trn1-2xlarge-tp2": _merge(TRN1, {"instanceType": "trn1.2xlarge", "parallelism": {"tensorParallelDegree": 2}}),
     "trn1n-tp16": _merge(TRN1, {"instanceType": "trn1n.32xlarge", "parallelism": {"tensorParallelDegree": 16}}),
     "trn1-two-nodes": _merge(TRN1, {"parallelism": {"tensorParallelDegree": 64, "nodes": 2}}),
+    "trn1-two-nodes-efa-own-topology": _merge(TRN1, {"parallelism": {
+        "tensorParallelDegree": 64, "nodes": 2, "efa": True, "groupTopologyKey": "karpenter.sh/nodepool"}}),
+    "inf2-two-nodes-no-efa-no-topology": _merge(INF2, {"parallelism": {
+        "tensorParallelDegree": 48, "nodes": 2, "efa": False, "groupTopologyKey": ""}}),
     "trn2-tp64": TRN2,
     "trn2-lnc1-tp128": _merge(TRN2, {"parallelism": {"tensorParallelDegree": 128, "logicalCoreConfig": 1}}),
     "trn2-3xlarge-tp4": _merge(TRN2, {"instanceType": "trn2.3xlarge", "parallelism": {"tensorParallelDegree": 4}}),
@@ -280,6 +284,14 @@ REJECTED = [
      "parallelism.nodes must divide parallelism.tensorParallelDegree"),
     ("zero-nodes", _merge(TRN1, {"parallelism": {"nodes": 0}}), "spec.parallelism.nodes in body should be greater "
      "than or equal to 1"),
+    ("efa-on-one-node", _merge(TRN1, {"parallelism": {"efa": True}}), "parallelism.efa applies to nodes > 1"),
+    ("efa-on-inf2", _merge(INF2, {"parallelism": {"tensorParallelDegree": 48, "nodes": 2, "efa": True}}),
+     "parallelism.efa: the instanceType has no EFA devices; EFA is on trn1.32xlarge, trn1n.32xlarge"),
+    ("group-topology-on-one-node", _merge(TRN1, {"parallelism": {"groupTopologyKey": "x"}}),
+     "parallelism.groupTopologyKey applies to nodes > 1"),
+    ("group-topology-not-a-label-key", _merge(TRN1, {"parallelism": {
+        "tensorParallelDegree": 64, "nodes": 2, "groupTopologyKey": "not a key"}}),
+     "spec.parallelism.groupTopologyKey in body should match"),
     ("tp3-on-inf2", _merge(INF2, {"parallelism": {"tensorParallelDegree": 3}}), INF2_TP),
     ("tp32-on-inf2-24xlarge", _merge(INF2, {"instanceType": "inf2.24xlarge",
                                             "parallelism": {"tensorParallelDegree": 32}}), INF2_TP),

@@ -365,10 +365,14 @@ def test_served_spec_annotation_round_trips():
         assert back.spec == t.spec and back.resolved == t.resolved
         # fields added later are written only away from their defaults: older models' records keep their bytes
         recorded = json.loads(json.dumps(dataclasses.asdict(t.resolved)))
-        if t.resolved.fetch_image is None:
-            del recorded["fetch_image"]
+        for later, default in {"fetch_image": None, "efa_per_pod": 0, "group_topology_key": None}.items():
+            if recorded[later] == default:
+                del recorded[later]
         assert served["resolved"] == recorded
         assert ("engine" in served["spec"]) is (t.spec.engine == "vllm")
+        multi_node = t.spec.parallelism.nodes > 1
+        assert ("efa" in served["spec"]["parallelism"]) is (t.spec.parallelism.efa is not None)
+        assert ("group_topology_key" in served["resolved"]) is multi_node
 
 
 # Security

@@ -395,3 +395,26 @@ def test_no_timers_daemons_or_delete_handlers():
 
 def test_the_finalizer_name_is_ours_in_case_one_is_ever_added(settings):
     assert settings.persistence.finalizer.startswith("neuronmodel.dev/")
+
+
+#: Two trn1.32xlarge per group: a multi-node model
+GROUP = {"model": {"source": "hf://org/m"}, "instanceType": "trn1.32xlarge",
+         "parallelism": {"tensorParallelDegree": 64, "nodes": 2}}
+
+
+def test_group_topology_key_flag_env_and_spec(env):
+    def key(*flags, **parallelism):
+        spec = {**GROUP, "parallelism": {**GROUP["parallelism"], **parallelism}}
+        return resolve(parse_spec(spec), cli.operator_defaults(parse(*flags))).group_topology_key
+
+    assert key() == "eks.amazonaws.com/nodegroup"  # EKS managed node groups, AWS's multi-node example
+    assert key("--group-topology-key", "karpenter.sh/nodepool") == "karpenter.sh/nodepool"
+    assert key("--group-topology-key", "") is None
+    env.setenv("NEURONMODEL_OPERATOR_GROUP_TOPOLOGY_KEY", "topology.kubernetes.io/zone")
+    assert key() == "topology.kubernetes.io/zone"
+    assert key(groupTopologyKey="placement-group") == "placement-group"  # the spec wins
+    assert key(groupTopologyKey="") is None
+    one_node = {**GROUP, "parallelism": {"tensorParallelDegree": 32}}
+    assert resolve(parse_spec(one_node), cli.operator_defaults(parse())).group_topology_key is None
+    with pytest.raises(api.SpecError, match="--group-topology-key .*'not a key!' is not a node label key"):
+        cli.operator_defaults(parse("--group-topology-key", "not a key!"))

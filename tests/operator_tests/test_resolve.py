@@ -543,3 +543,27 @@ def test_dra_requests_no_extended_resources_and_whole_devices():
     assert (r.neuron_resources, r.devices_per_pod, r.cores_per_pod) == ({}, 1, 2)
     half = resolved(spec(instanceType="trn2.48xlarge", deviceAllocation="dra"))  # 1 of a device's 4 cores
     assert (half.devices_per_pod, half.cores_per_pod) == (1, 4)
+
+
+# --- EFA of multi-node groups -------------------------------------------------------------------------------------
+
+def _efa(instance_type: str, nodes: int, tp: int, **parallelism) -> int:
+    spec = {"model": {"source": "hf://org/m"}, "instanceType": instance_type,
+            "parallelism": {"tensorParallelDegree": tp, "nodes": nodes, **parallelism}}
+    return resolve(parse_spec(spec), OperatorDefaults()).efa_per_pod
+
+
+@pytest.mark.parametrize("instance_type,tp,efa", [("trn1.32xlarge", 64, 8), ("trn1n.32xlarge", 64, 16),
+                                                   ("trn2.48xlarge", 128, 16), ("trn2u.48xlarge", 128, 16)])
+def test_a_multi_node_group_requests_every_efa_device_of_its_nodes(instance_type, tp, efa):
+    # trn1: "trn1.32xlarge has 8 EFA devices, trn1n.32xlarge has 16" (Neuron SDK, setup-trn1-multi-node-execution)
+    assert _efa(instance_type, 2, tp) == efa
+    assert _efa(instance_type, 2, tp, efa=False) == 0
+    assert _efa(instance_type, 1, tp // 2) == 0  # one node: no collectives between nodes
+
+
+def test_efa_where_there_is_none_is_refused_naming_the_field():
+    assert _efa("inf2.48xlarge", 2, 48) == 0  # unset: what the instance has, none on inf2
+    with pytest.raises(api.SpecError, match=r"^spec.parallelism.efa: inf2.48xlarge has no EFA devices .*"
+                                            r"trn1.32xlarge.*set parallelism.efa false"):
+        _efa("inf2.48xlarge", 2, 48, efa=True)

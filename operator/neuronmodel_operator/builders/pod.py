@@ -39,6 +39,10 @@ NEURON_COMPILE_CACHE = "/var/tmp/neuron-compile-cache"
 #: SIGTERM -> the runtime drains in-flight requests for DRAIN_TIMEOUT_S, then exits; the rest is margin.
 TERMINATION_GRACE_S = DRAIN_TIMEOUT_S + 15
 
+#: What the Neuron runtime's collectives over EFA read (libfabric), as AWS's trn1 multi-node scripts export them.
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+GROUP_PORT_NAME = "group"
+
 SERVE_COMMAND = ("neuronmodel-runtime", "serve", "--config", sources.CONFIG_FILE)
 WORKER_COMMAND = ("neuronmodel-runtime", "worker", "--config", sources.CONFIG_FILE)
 COMPILE_COMMAND = ("neuronmodel-runtime", "compile", "--config", sources.CONFIG_FILE)
@@ -86,7 +90,7 @@ def _secret_env(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def _env(target: Target) -> list[dict[str, Any]]:
+def _env(target: Target, role: Role) -> list[dict[str, Any]]:
     env = []
     if target.spec.server.api_key_secret_ref is not None:
         env.append(_secret_env(runtime_env.API_KEY, target.spec.server.api_key_secret_ref))
@@ -97,6 +101,8 @@ def _env(target: Target) -> list[dict[str, Any]]:
     env += [{"name": runtime_env.CACHE, "value": CACHE_DIR},
             {"name": "HOME", "value": "/tmp"},
             {"name": runtime_env.NEURON_COMPILE_CACHE_URL, "value": NEURON_COMPILE_CACHE}]
+    if target.resolved.efa_per_pod and role != "compile":  # the Job compiles alone, without EFA (runtime_resources)
+        env += [{"name": name, "value": value} for name, value in EFA_ENV.items()]
     return env
 
 
@@ -120,9 +126,13 @@ def resources(target: Target, defaults: Mapping[str, str], extra: Mapping[str, s
     return out
 
 
-def runtime_resources(target: Target) -> dict[str, Any]:
-    """The runtime container's: default requests, the device plugin's resource or the DRA claim."""
-    out = resources(target, sizing.default_requests(target), target.resolved.neuron_resources)
+def runtime_resources(target: Target, role: Role) -> dict[str, Any]:
+    """The runtime container's: default requests, the device plugin's resource or the DRA claim, and a multi-node
+    group's EFA devices (not the compile Job's: it compiles alone)."""
+    extra = dict(target.resolved.neuron_resources)
+    if target.resolved.efa_per_pod and role != "compile":
+        extra[devices.EFA_RESOURCE] = str(target.resolved.efa_per_pod)
+    out = resources(target, sizing.default_requests(target), extra)
     if dra.uses_dra(target):
         out["claims"] = [{"name": dra.CLAIM}]
     return out
@@ -265,8 +275,10 @@ def _container(target: Target, command: Sequence[str], role: Role, mounts: list[
         out["command"] = list(command)
     if role == "serve" or _vllm_compiles(target, role):
         out["ports"] = [{"name": api.SERVER_PORT_NAME, "containerPort": target.spec.server.port, "protocol": "TCP"}]
-    out["env"] = vllm.env(target, role) if target.runs_vllm else _env(target)
-    out["resources"] = runtime_resources(target)
+    if role == "serve" and target.multi_node:  # where the group's ranks meet (torch.distributed's rendezvous)
+        out["ports"].append({"name": GROUP_PORT_NAME, "containerPort": runtime_env.DEFAULT_GROUP_PORT, "protocol": "TCP"})
+    out["env"] = vllm.env(target, role) if target.runs_vllm else _env(target, role)
+    out["resources"] = runtime_resources(target, role)
     if role == "serve":
         out.update(probes(target))
     if _vllm_compiles(target, role):
@@ -281,9 +293,10 @@ def _container(target: Target, command: Sequence[str], role: Role, mounts: list[
 
 
 def pod_spec(target: Target, command: Sequence[str], role: Role, config_map: Optional[str]) -> dict[str, Any]:
-    """The PodSpec of `role`: "serve" (Deployment, LWS leader), "worker" (LWS workers; the multi-node issue gives
-    them their health checks) or "compile" (the compile Job: restartPolicy Never, no probes), reading its
-    RuntimeConfig from ConfigMap `config_map` (None: engine vllm, which reads none)."""
+    """The PodSpec of `role`: "serve" (Deployment, LWS leader), "worker" (LWS workers: no probes, no port; a
+    worker exits non-zero when it loses its group, and LeaderWorkerSet's RecreateGroupOnPodRestart then restarts
+    the whole group) or "compile" (the compile Job: restartPolicy Never, no probes), reading its RuntimeConfig from
+    ConfigMap `config_map` (None: engine vllm, which reads none)."""
     volumes, mounts = volumes_and_mounts(target, config_map)
     spec: dict[str, Any] = {
         # The runtime never calls the Kubernetes API. IRSA and EKS Pod Identity are unaffected: their webhooks

@@ -38,5 +38,6 @@ LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
 LWS_GROUP_SIZE = "LWS_GROUP_SIZE"
 LWS_WORKER_INDEX = "LWS_WORKER_INDEX"
 #: The leader's torch.distributed (gloo) port of a multi-process group: the step broadcast, and the reference
-#: runner's all-reduces (distributed/topology.py's DEFAULT_GROUP_PORT when unset).
+#: runner's all-reduces; DEFAULT_GROUP_PORT when unset (the port the operator declares on the leader's container).
 GROUP_PORT = ENV_PREFIX + "GROUP_PORT"
+DEFAULT_GROUP_PORT = 29500

@@ -21,7 +21,7 @@ from typing import Mapping, Optional
 from neuronmodel_runtime.config import env as names
 
 #: The torch.distributed (gloo) rendezvous port on the leader; NEURONMODEL_GROUP_PORT changes it.
-DEFAULT_GROUP_PORT = 29500
+DEFAULT_GROUP_PORT = names.DEFAULT_GROUP_PORT
 #: The Neuron runtime's rendezvous port on the leader (NEURON_RT_ROOT_COMM_ID), as AWS's multi-node examples use it.
 NEURON_COMM_PORT = 63423
 #: Variables a launcher (torchrun, mpirun, AWS's multi-node scripts) sets, and the one value each may have in a

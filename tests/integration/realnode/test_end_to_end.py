@@ -317,6 +317,59 @@ def test_deleting_the_neuron_model_removes_everything(served, kubectl):
     assert left
 
 
+def _group_pods(kubectl: Kubectl, name: str) -> dict[str, dict]:
+    """The live pods of `name`'s LeaderWorkerSet group 0 by worker index ("0" the leader)."""
+    pods = kubectl.get("pods", namespace=NS, selector=f"leaderworkerset.sigs.k8s.io/name={name}-lws") or []
+    return {p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"]: p for p in pods
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+def _group_ready(kubectl: Kubectl, name: str, not_leader: str = ""):
+    """Both pods Running and the leader Ready (a new leader when `not_leader` names the old one's uid)."""
+    pods = _group_pods(kubectl, name)
+    leader = pods.get("0")
+    if (len(pods) != 2 or not leader or leader["metadata"]["uid"] == not_leader or not is_true(leader, "Ready")
+            or any(p["status"].get("phase") != "Running" for p in pods.values())):
+        return None
+    return pods if _phase(kubectl, name) == "Ready" else None
+
+
+def test_a_two_pod_tensor_parallel_group_answers_through_its_service_and_a_lost_worker_recreates_it(
+        served, volumes, kubectl, client, real_node):
+    # TP 2 over two pods, one rank each: the leader serves HTTP and broadcasts every step over gloo to the worker,
+    # which it finds at LWS_LEADER_ADDRESS (a headless-Service name: the node's cluster DNS resolves it). The node
+    # is the group's whole topology domain.
+    model = neuron_model("group", NS, "pvc://e2e-models/tiny", parallelism={
+        "tensorParallelDegree": 2, "nodes": 2, "groupTopologyKey": "kubernetes.io/hostname"})
+    kubectl.apply(model)
+    pods = wait("the group Ready", lambda: _group_ready(kubectl, "group"), READY_TIMEOUT_S,
+                lambda: _nm(kubectl, "group") + _describe(kubectl, NS, f"{NAME_LABEL}=group") +
+                _logs(kubectl, NS, f"{NAME_LABEL}=group"))
+    leader, worker = pods["0"], pods["1"]
+    assert all(p["spec"]["nodeName"] == real_node.name for p in pods.values())
+    (runtime,) = [c for c in worker["spec"]["containers"] if c["name"] == "runtime"]
+    assert runtime["command"][:2] == ["neuronmodel-runtime", "worker"] and "readinessProbe" not in runtime
+    service = kubectl.get("service", "group", NS)
+    url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+
+    out = _in_pod_wget(kubectl, f"{url}/v1/chat/completions", CHAT)
+    assert out.returncode == 0, out.stderr + _logs(kubectl, NS, f"{NAME_LABEL}=group")
+    # greedy: TP 2 over two pods says what the one-pod model said
+    assert json.loads(out.stdout)["choices"][0]["message"] == served["first_body"]["choices"][0]["message"]
+    logs = kubectl("logs", "-n", NS, worker["metadata"]["name"], "-c", "runtime").stdout
+    assert "as rank 1 of 2" in logs and "worker ready" in logs, logs[-3000:]
+
+    kubectl("delete", "pod", worker["metadata"]["name"], "-n", NS, "--wait=false")
+    lost = time.monotonic()
+    pods = wait("the group recreated and Ready", lambda: _group_ready(kubectl, "group", leader["metadata"]["uid"]),
+                READY_TIMEOUT_S, lambda: _nm(kubectl, "group") + _describe(kubectl, NS, f"{NAME_LABEL}=group"))
+    print(f"\nTIMINGS group: worker deleted -> a new group Ready in {time.monotonic() - lost:.0f} s")
+    out = _in_pod_wget(kubectl, f"{url}/v1/chat/completions", CHAT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["choices"][0]["message"] == served["first_body"]["choices"][0]["message"]
+    kubectl("delete", "nm", "group", "-n", NS, "--wait=true", "--timeout=60s")
+
+
 def test_a_compile_job_fills_the_cache_and_the_serving_pods_start_from_it(operator, volumes, kubectl, client):
     model = neuron_model("tiny-cached", NS, "pvc://e2e-models/tiny",
                          compileCache={"url": "pvc://e2e-cache/artifacts", "policy": "IfNotCached"})

@@ -38,6 +38,8 @@
   value: {{ .Values.hpaMetric | quote }}
 - name: NEURONMODEL_OPERATOR_NEURON_SCHEDULER_NAME
   value: {{ .Values.neuronSchedulerName | quote }}
+- name: NEURONMODEL_OPERATOR_GROUP_TOPOLOGY_KEY
+  value: {{ .Values.multiNode.groupTopologyKey | quote }}
 - name: NEURONMODEL_OPERATOR_ALLOW_HOST_PATH
   value: {{ .Values.allowHostPath | quote }}
 {{- end -}}

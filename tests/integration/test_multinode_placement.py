@@ -1,0 +1,76 @@
+"""Multi-node groups on trn1 as EKS has them: two managed node groups of two trn1.32xlarge each (kwok nodes with the
+EFA device plugin's resource), a NeuronModel of TP 64 over 2 nodes with 2 replicas. The real scheduler and the
+pinned LeaderWorkerSet controller place it: every group has a node group to itself (exclusive topology), every pod
+requests its node's 8 EFA devices, and the model reaches Ready.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client as kube
+
+from k8s import nodes
+from test_operator import neuronmodel
+
+pytestmark = pytest.mark.slow
+
+POOL = {"neuronmodel-test/pool": "multi-node"}  # only this test's nodes: the harness's own trn1 node stays out
+NODE_GROUPS = {"trn1-a": ("kwok-trn1-a0", "kwok-trn1-a1"), "trn1-b": ("kwok-trn1-b0", "kwok-trn1-b1")}
+SPEC = {"model": {"source": "s3://models/llama-70b"}, "framework": "nxdi", "instanceType": "trn1.32xlarge",
+        "parallelism": {"tensorParallelDegree": 64, "nodes": 2}, "replicas": 2, "nodeSelector": POOL}
+
+
+@pytest.fixture
+def node_groups(control_plane, admin_client, wait_until):
+    core = kube.CoreV1Api(admin_client)
+    names = [name for members in NODE_GROUPS.values() for name in members]
+    items = []
+    for group, members in NODE_GROUPS.items():
+        for name in members:
+            node = nodes.node("trn1.32xlarge", name=name, nodegroup=group)
+            node["metadata"]["labels"].update(POOL)
+            items.append(node)
+    control_plane.kubectl("apply", "--server-side", "-f", "-",
+                          stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+
+    def ready() -> bool:
+        conditions = [c for name in names for c in core.read_node(name).status.conditions or []]
+        return sum(c.type == "Ready" and c.status == "True" for c in conditions) == len(names)
+    wait_until("the node groups Ready", ready, 60)
+    yield NODE_GROUPS
+    for name in names:
+        core.delete_node(name)
+
+
+def test_each_group_has_a_node_group_to_itself_with_its_efa_devices(api, node_groups, wait_until):
+    api.apply(neuronmodel("big", SPEC))
+    body = api.phase("big", "Ready", timeout=180)
+    resolved = body["status"]["resolved"]
+    assert (resolved["efaDevicesPerPod"], resolved["groupTopologyKey"]) == (8, nodes.NODEGROUP_LABEL)
+    assert body["status"]["ready"] == "2/2"
+
+    group = api.custom.get_namespaced_custom_object("leaderworkerset.x-k8s.io", "v1", api.ns, "leaderworkersets",
+                                                    "big-lws")
+    assert group["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == \
+        nodes.NODEGROUP_LABEL
+    pods = api.core.list_namespaced_pod(api.ns, label_selector="leaderworkerset.sigs.k8s.io/name=big-lws").items
+    assert len(pods) == 4 and all(p.status.phase == "Running" for p in pods)
+    node_group = {name: group for group, members in node_groups.items() for name in members}
+    placed: dict[str, set[str]] = {}  # LWS group index -> the node groups its pods run in
+    for pod in pods:
+        resources = pod.spec.containers[0].resources
+        assert resources.requests["vpc.amazonaws.com/efa"] == resources.limits["vpc.amazonaws.com/efa"] == "8"
+        assert resources.limits["aws.amazon.com/neuroncore"] == "32"
+        placed.setdefault(pod.metadata.labels["leaderworkerset.sigs.k8s.io/group-index"], set()).add(
+            node_group[pod.spec.node_name])
+    assert sorted(placed) == ["0", "1"] and all(len(groups) == 1 for groups in placed.values()), placed
+    assert placed["0"] != placed["1"], placed  # one group per node group, never two in one
+    # every pod on its own node (a pod takes all of a trn1.32xlarge's NeuronCores)
+    assert len({pod.spec.node_name for pod in pods}) == 4
+
+    # the Service reaches the leaders only: the workers serve no HTTP
+    selector = api.core.read_namespaced_service("big", api.ns).spec.selector
+    leaders = api.core.list_namespaced_pod(api.ns, label_selector=",".join(f"{k}={v}" for k, v in selector.items()))
+    assert sorted(p.metadata.labels["leaderworkerset.sigs.k8s.io/worker-index"] for p in leaders.items) == ["0", "0"]
