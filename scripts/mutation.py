@@ -457,6 +457,19 @@ MUTATIONS += [
         'fields["sampling"] = [_shallow(row, _LOCAL_ONLY + ("logit_bias",)) for row in body.sampling]',
         CHANNEL,
     ),
+    Mutation(
+        "multi-node: EFA requested though parallelism.efa is false", "resolve.py",
+        "if spec.parallelism.nodes == 1 or efa is False:",
+        "if spec.parallelism.nodes == 1:",
+        RESOLVE, package=OPERATOR,
+    ),
+    Mutation(
+        "served record: a model without EFA records efa_per_pod 0 (its bytes change on upgrade)",
+        "builders/common.py",
+        '_LATER_RESOLVED_DEFAULTS = {"fetch_image": None, "efa_per_pod": 0, "group_topology_key": None}',
+        '_LATER_RESOLVED_DEFAULTS = {"fetch_image": None, "group_topology_key": None}',
+        BUILDERS, package=OPERATOR,
+    ),
 ]
 
 #: Runs pytest in the copy after checking that the copy (and the mutated text) is what gets imported.
