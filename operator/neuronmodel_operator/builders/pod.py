@@ -276,7 +276,8 @@ def _container(target: Target, command: Sequence[str], role: Role, mounts: list[
     if role == "serve" or _vllm_compiles(target, role):
         out["ports"] = [{"name": api.SERVER_PORT_NAME, "containerPort": target.spec.server.port, "protocol": "TCP"}]
     if role == "serve" and target.multi_node:  # where the group's ranks meet (torch.distributed's rendezvous)
-        out["ports"].append({"name": GROUP_PORT_NAME, "containerPort": runtime_env.DEFAULT_GROUP_PORT, "protocol": "TCP"})
+        out["ports"].append({"name": GROUP_PORT_NAME, "containerPort": runtime_env.DEFAULT_GROUP_PORT,
+                             "protocol": "TCP"})
     out["env"] = vllm.env(target, role) if target.runs_vllm else _env(target, role)
     out["resources"] = runtime_resources(target, role)
     if role == "serve":
