@@ -71,16 +71,17 @@ def _broadcast_peer(rank: int, port: int, steps: int, batch: int, out) -> None:
     channel.init_group(topology, timeout_s=120)
     rows = [RowSampling(top_k=50, top_p=0.9, temperature=0.7, seed=i, output_ids=list(range(500)))
             for i in range(batch)]
+    codec = channel.StepCodec()
     channel.barrier()
     started = time.perf_counter()
     for step in range(steps):
         if rank == 0:
             message = DecodeBatch(slots=list(range(batch)), last_tokens=[step] * batch,
                                   positions=[1000 + step] * batch, sampling=rows, num_logprobs=[None] * batch)
-            channel.send(Op.DECODE, channel.encode(Op.DECODE, message))
+            channel.send(Op.DECODE, codec.encode(Op.DECODE, message))
         else:
             op, data = channel.receive()
-            channel.decode(op, data)
+            codec.decode(op, data)
     channel.barrier()  # the last message arrived and was decoded
     if rank == 0:
         out.put((time.perf_counter() - started) / steps * 1000)

@@ -53,7 +53,7 @@ COMPILED_BUCKETS = ("tests/runtime_tests/runners/test_compiled_runner.py", "-k",
 VLLM_ENGINE = ("tests/operator_tests/test_vllm_engine.py",)
 HANDOFF = ("tests/runtime_tests/artifacts/test_handoff.py",)
 TENSOR_PARALLEL = ("tests/runtime_tests/distributed/test_tensor_parallel.py",)
-CHANNEL = ("tests/runtime_tests/distributed/test_channel.py", "-k", "round_trips")
+CHANNEL = ("tests/runtime_tests/distributed/test_channel.py", "-k", "round_trips or travels")
 
 
 @dataclass(frozen=True)
@@ -453,8 +453,21 @@ MUTATIONS += [
     ),
     Mutation(
         "step broadcast: a row's logit_bias left out of the message", "distributed/channel.py",
-        'fields["sampling"] = [_shallow(row, _LOCAL_ONLY) for row in body.sampling]',
-        'fields["sampling"] = [_shallow(row, _LOCAL_ONLY + ("logit_bias",)) for row in body.sampling]',
+        "return _shallow(row, _LOCAL_ONLY)",
+        'return _shallow(row, _LOCAL_ONLY + ("logit_bias",))',
+        CHANNEL,
+    ),
+    Mutation(
+        "step broadcast: a slot's changed sampling row not sent again", "distributed/channel.py",
+        "if self._rows.get(slot) == row:", "if slot in self._rows:",
+        CHANNEL,
+    ),
+    Mutation(
+        "step broadcast: a released slot's row kept (a new request there reuses it)", "distributed/channel.py",
+        """        if op == Op.RELEASE:
+            self._rows.pop(int(body), None)
+            return""", """        if op == Op.RELEASE:
+            return""",
         CHANNEL,
     ),
     Mutation(

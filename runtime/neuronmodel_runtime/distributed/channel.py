@@ -3,9 +3,10 @@
 Every rank runs the same runner step on the same inputs, so that every collective inside it (the reference
 runner's all-reduces; on Neuron, the runtime's own) meets its peers. The leader sends each step as one broadcast
 from rank 0 of one fixed-size uint8 tensor: a 16-byte header (op, length) and the batch as compact JSON, inline up
-to INLINE_BYTES (a decode step at batch 64 is a few kilobytes), the rest of a longer message (a prefill of long
-prompts) in a second broadcast. One tensor per step, not a message per field (`bench/multinode.py` measures it:
-`broadcast_ms_per_step`). A NOOP is the
+to INLINE_BYTES, the rest of a longer message (a prefill of long prompts) in a second broadcast. A slot's sampling
+row travels only when it differs from the last one sent for that slot (`StepCodec`): a decode step at batch 64 is
+then its slots, tokens and positions, about 2 KB. One tensor per step, not a message per field
+(`bench/multinode.py` measures it: `broadcast_ms_per_step`). A NOOP is the
 leader's heartbeat while idle, so that a worker notices a lost leader (`receive`'s timeout) and the leader a lost
 worker (its next send fails) within seconds, and SHUTDOWN ends the workers' loop.
 
@@ -32,7 +33,7 @@ from neuronmodel_runtime.sampling.params import RowSampling
 log = logging.getLogger(__name__)
 
 #: Message bytes carried by the step's first (fixed-size) broadcast.
-INLINE_BYTES = 32 * 1024
+INLINE_BYTES = 4 * 1024
 _HEADER = 16  # op, length: two little-endian int64
 
 #: Seconds a collective may wait for its peers: a model's load on every rank (the barrier after it) fits in it.
@@ -59,30 +60,55 @@ def _shallow(obj: Any, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name not in leave_out}
 
 
-def encode(op: Op, body: Any = None) -> bytes:
-    """A step's message body: a batch dataclass (PREFILL, DECODE, SCORE), a slot (RELEASE), or nothing."""
-    if op in _BATCHES:  # field by field: dataclasses.asdict would deep-copy every token list first
-        fields = _shallow(body)
-        if "sampling" in fields:
-            fields["sampling"] = [_shallow(row, _LOCAL_ONLY) for row in body.sampling]
-        return json.dumps(fields, separators=(",", ":")).encode()
-    if op == Op.RELEASE:
-        return str(int(body)).encode()
-    return b""
+def _row(fields: dict[str, Any]) -> RowSampling:
+    return RowSampling(**{**fields, "logit_bias": tuple(map(tuple, fields["logit_bias"])),
+                          "masked_token_ids": tuple(fields["masked_token_ids"])})
 
 
-def decode(op: Op, data: bytes) -> Any:
-    """`encode`'s inverse (sampling rows without their token history)."""
-    if op in _BATCHES:
-        fields = json.loads(data)
-        if "sampling" in fields:
-            fields["sampling"] = [RowSampling(**{**row, "logit_bias": tuple(map(tuple, row["logit_bias"])),
-                                                 "masked_token_ids": tuple(row["masked_token_ids"])})
-                                  for row in fields["sampling"]]
-        return _BATCHES[op](**fields)
-    if op == Op.RELEASE:
-        return int(data)
-    return None
+class StepCodec:
+    """A step's message body, both ways: a batch dataclass (PREFILL, DECODE, SCORE), a slot (RELEASE), or nothing.
+
+    Each end keeps the sampling row last sent for each slot; a row equal to it (RowSampling compares without its
+    token history) travels as null, and RELEASE forgets the slot. The leader's codec encodes every message it
+    sends and each worker's decodes every message it receives, in the same order, so both hold the same rows.
+    Rows arrive without their token history (`_LOCAL_ONLY`).
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[int, RowSampling] = {}
+
+    def encode(self, op: Op, body: Any = None) -> bytes:
+        if op in _BATCHES:  # field by field: dataclasses.asdict would deep-copy every token list first
+            fields = _shallow(body)
+            if "sampling" in fields:
+                fields["sampling"] = [self._changed(slot, row) for slot, row in zip(body.slots, body.sampling)]
+            return json.dumps(fields, separators=(",", ":")).encode()
+        if op == Op.RELEASE:
+            self._rows.pop(int(body), None)
+            return str(int(body)).encode()
+        return b""
+
+    def decode(self, op: Op, data: bytes) -> Any:
+        if op in _BATCHES:
+            fields = json.loads(data)
+            if "sampling" in fields:
+                fields["sampling"] = [self._known(slot, row) for slot, row in zip(fields["slots"], fields["sampling"])]
+            return _BATCHES[op](**fields)
+        if op == Op.RELEASE:
+            self._rows.pop(int(data), None)
+            return int(data)
+        return None
+
+    def _changed(self, slot: int, row: RowSampling) -> Optional[dict[str, Any]]:
+        if self._rows.get(slot) == row:
+            return None
+        self._rows[slot] = row
+        return _shallow(row, _LOCAL_ONLY)
+
+    def _known(self, slot: int, fields: Optional[dict[str, Any]]) -> RowSampling:
+        if fields is not None:
+            self._rows[slot] = _row(fields)
+        return self._rows[slot]
 
 
 def init_group(topology: Topology, timeout_s: float = GROUP_TIMEOUT_S) -> None:
@@ -151,5 +177,5 @@ def receive(timeout_s: Optional[float] = None) -> tuple[Op, bytes]:
     return op, data
 
 
-__all__ = ["GROUP_TIMEOUT_S", "GroupLost", "INLINE_BYTES", "Op", "all_reduce", "barrier", "decode", "encode",
-           "init_group", "leave_group", "receive", "send"]
+__all__ = ["GROUP_TIMEOUT_S", "GroupLost", "INLINE_BYTES", "Op", "StepCodec", "all_reduce", "barrier", "init_group",
+           "leave_group", "receive", "send"]

@@ -47,6 +47,7 @@ class LeaderRunner(ModelRunner):
         self._on_lost = on_lost
         self._heartbeat_s = heartbeat_s
         self._lock = threading.Lock()  # one message (and the step after it) at a time on the group
+        self._codec = channel.StepCodec()  # the workers' codecs hold the same per-slot rows
         self._last_send = time.monotonic()
         self._lost: Optional[str] = None
         self._stop = threading.Event()
@@ -113,9 +114,8 @@ class LeaderRunner(ModelRunner):
     def _step(self, op: Op, body: Any, run: Callable[[Any], Any]) -> Any:
         if self._lost is not None:
             raise GroupLost(self._lost)
-        data = channel.encode(op, body)
-        with self._lock:
-            self._guarded(channel.send, op, data)
+        with self._lock:  # encoded in the order of the sends: the codecs' rows follow the message sequence
+            self._guarded(channel.send, op, self._codec.encode(op, body))
             self._last_send = time.monotonic()
             try:
                 return run(body)

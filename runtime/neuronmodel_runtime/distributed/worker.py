@@ -31,6 +31,7 @@ def serve_steps(runner: ModelRunner, silence_s: float = LEADER_SILENCE_S) -> int
         log.error("%s; exiting with status %d", exc, EXIT_GROUP_LOST)
         return EXIT_GROUP_LOST
     log.info("worker ready: running the leader's steps")
+    codec = channel.StepCodec()
     methods: dict[Op, Callable] = {Op.PREFILL: runner.prefill, Op.DECODE: runner.decode, Op.SCORE: runner.score,
                                    Op.RELEASE: runner.release}
     try:
@@ -43,7 +44,7 @@ def serve_steps(runner: ModelRunner, silence_s: float = LEADER_SILENCE_S) -> int
                 channel.leave_group()
                 return 0
             try:
-                methods[op](channel.decode(op, data))
+                methods[op](codec.decode(op, data))
             except GroupLost:
                 raise
             except Exception:  # the leader's engine saw the same failure on the same inputs and goes on
