@@ -54,6 +54,7 @@ VLLM_ENGINE = ("tests/operator_tests/test_vllm_engine.py",)
 HANDOFF = ("tests/runtime_tests/artifacts/test_handoff.py",)
 TENSOR_PARALLEL = ("tests/runtime_tests/distributed/test_tensor_parallel.py",)
 CHANNEL = ("tests/runtime_tests/distributed/test_channel.py", "-k", "round_trips or travels")
+SHARDED = ("tests/runtime_tests/distributed/test_sharded_weights.py", "-k", "read_only_their_shards")
 
 
 @dataclass(frozen=True)
@@ -469,6 +470,13 @@ MUTATIONS += [
             return""", """        if op == Op.RELEASE:
             return""",
         CHANNEL,
+    ),
+    Mutation(
+        "pre-sharded weights: the rank left out of the shard's key (every rank loads rank 0's)",
+        "runners/torch_reference.py",
+        '"tensor_parallel": {"degree": group.world, "rank": group.rank, "layout": TP_LAYOUT}}',
+        '"tensor_parallel": {"degree": group.world, "layout": TP_LAYOUT}}',
+        SHARDED,
     ),
     Mutation(
         "multi-node: EFA requested though parallelism.efa is false", "resolve.py",

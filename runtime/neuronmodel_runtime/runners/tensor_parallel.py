@@ -45,12 +45,24 @@ def _rows(t: torch.Tensor, start: int, size: int) -> torch.Tensor:
     return t[start:start + size]
 
 
-def shard(config: LlamaConfig, weights: LlamaWeights, rank: int, world: int) -> tuple[LlamaConfig, LlamaWeights]:
-    """Rank `rank` of `world`: its config (heads and intermediate width divided by `world`) and weights (contiguous
-    copies, so the full tensors can be freed)."""
+#: Names how `shard` splits a model: part of the key of pre-sharded weights in the compile-artifact cache, so that
+#: a change of the split never loads a shard cut the old way. Change it with `shard`.
+LAYOUT = "megatron-heads-mlp/o-bias-rank0/v1"
+
+
+def shard_config(config: LlamaConfig, world: int) -> LlamaConfig:
+    """A rank's config: heads and intermediate width divided by `world`."""
     check_divisible(config, world)
+    return dataclasses.replace(config, num_heads=config.num_heads // world, num_kv_heads=config.num_kv_heads // world,
+                               intermediate_size=config.intermediate_size // world)
+
+
+def shard(config: LlamaConfig, weights: LlamaWeights, rank: int, world: int) -> tuple[LlamaConfig, LlamaWeights]:
+    """Rank `rank` of `world`: its config (`shard_config`) and weights (contiguous copies, so the full tensors can be
+    freed)."""
+    part = shard_config(config, world)
     hd = config.head_dim
-    heads, kv, inter = config.num_heads // world, config.num_kv_heads // world, config.intermediate_size // world
+    heads, kv, inter = part.num_heads, part.num_kv_heads, part.intermediate_size
     q_rows, kv_rows = config.num_heads * hd, config.num_kv_heads * hd
 
     def qkv_part(t: torch.Tensor) -> torch.Tensor:  # rows [q | k | v] -> this rank's heads of each
@@ -72,8 +84,7 @@ def shard(config: LlamaConfig, weights: LlamaWeights, rank: int, world: int) -> 
         )
         for layer in weights.layers
     ]
-    part = dataclasses.replace(config, num_heads=heads, num_kv_heads=kv, intermediate_size=inter)
     return part, LlamaWeights(embed=weights.embed, layers=layers, norm=weights.norm, lm_head=weights.lm_head)
 
 
-__all__ = ["TensorParallel", "check_divisible", "shard"]
+__all__ = ["LAYOUT", "TensorParallel", "check_divisible", "shard", "shard_config"]

@@ -32,12 +32,12 @@ import logging
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from neuronmodel_runtime.artifacts.prepare import ArtifactsError, prepare_artifacts
+from neuronmodel_runtime.artifacts.prepare import Artifacts, ArtifactsError, prepare_artifacts
 from neuronmodel_runtime.config import RuntimeConfig
 from neuronmodel_runtime.runners.base import (
     DecodeBatch,
@@ -65,7 +65,8 @@ from neuronmodel_runtime.runners.graph_artifacts import (
 )
 from neuronmodel_runtime.runners.llama import LlamaConfig, LlamaModel, LlamaWeights
 from neuronmodel_runtime.runners.slot_sampler import SlotSampler
-from neuronmodel_runtime.runners.tensor_parallel import TensorParallel, shard
+from neuronmodel_runtime.runners.tensor_parallel import LAYOUT as TP_LAYOUT
+from neuronmodel_runtime.runners.tensor_parallel import TensorParallel, shard, shard_config
 from neuronmodel_runtime.runners.vocabulary import vocabulary_mismatch
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingCapabilities
 
@@ -96,6 +97,10 @@ KERNELS_FILE = "inductor-kernels.tar"
 #: Changes with what the artifacts hold or how the graphs are built, so that older artifacts are never loaded.
 ARTIFACTS_FORMAT = 2
 WEIGHTS_FILE = "weights.safetensors"
+#: The pre-sharded weights of one TP rank (compile_cache.sharded_weights): their artifacts' format.
+SHARD_FORMAT = "torch-tp-shard/1"
+COMPILE_WITH_TP = ("compile: true with parallelism.tensor_parallel_degree > 1 is not supported by the torch reference "
+                   "runner (its fixed-shape graphs hold no collectives); set compile false")
 DRAFT_WEIGHTS_FILE = "draft-weights.safetensors"
 
 
@@ -118,7 +123,8 @@ class TorchReferenceRunner(ModelRunner):
         # compile: true only: the models behind their compiled graphs, and where those came from
         self.graphs: Optional[FixedShapeModel] = None
         self.draft_graphs: Optional[FixedShapeModel] = None
-        # `self.artifacts` (ModelRunner's): the compiled artifacts through the cache, when compile: true
+        # `self.artifacts` (ModelRunner's): the compiled artifacts (compile: true) or this rank's shard
+        # (compile_cache.sharded_weights) through the cache
         self.timings: dict[str, float] = {}  # seconds: convert (checkpoint -> serving dtype) or load, compile
         self.graph_cache: dict[str, int] = {}  # compiles and inductor cache hits / misses of this load
         # Host sampling draws on the CPU, so its generators live there.
@@ -135,8 +141,7 @@ class TorchReferenceRunner(ModelRunner):
                               "each further node); this runner was built for "
                               f"{group.world if group else 1}")
         if group and cfg.compile:
-            raise RunnerError("compile: true with parallelism.tensor_parallel_degree > 1 is not supported by the torch "
-                              "reference runner (its fixed-shape graphs hold no collectives); set compile false")
+            raise RunnerError(COMPILE_WITH_TP)
         if not self.model_path.is_dir():
             raise RunnerError(f"model folder {self.model_path} does not exist")
         model_config = read_config(self.model_path, cfg.max_model_len)
@@ -150,28 +155,88 @@ class TorchReferenceRunner(ModelRunner):
                 "speculation.mode 'eagle' is not supported by the torch reference runner (the NxDI and TNx runners "
                 "take it); use 'draft' or 'promptLookup', or framework nxdi"
             )
-        if cfg.compile_cache.sharded_weights:
-            log.warning("compile_cache.sharded_weights has no effect on the torch reference runner: with compile: "
-                        "true it always stores its converted weights beside the compiled graphs (one process, "
-                        "nothing to shard)")
+        if cfg.compile_cache.sharded_weights and group is None:
+            log.warning("compile_cache.sharded_weights has no effect on the torch reference runner with one process "
+                        "(nothing to shard); with compile: true it stores its converted weights beside the compiled "
+                        "graphs")
         dtype = resolve_dtype(cfg.dtype, self.device)
         draft_config = self._draft_config(model_config.vocab_size) if cfg.speculation.mode == "draft" else None
         if cfg.compile:
             self._load_compiled(model_config, draft_config, dtype)
             return
-        weights = build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
         if group is None:
+            weights = build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
             self.model = LlamaModel(model_config, weights, cfg.max_num_seqs, cfg.max_model_len)
         else:
-            part, weights = shard(model_config, weights, group.rank, group.world)
+            part, weights = self._rank_shard(model_config, dtype)
             self.model = LlamaModel(part, weights, cfg.max_num_seqs, cfg.max_model_len, reduce=group.reduce)
         if draft_config is not None and (group is None or group.rank == 0):  # the leader drafts, alone
             weights = build_weights(draft_config, read_tensors(self._draft_path()), self.device, dtype)
             self.draft = LlamaModel(draft_config, weights, cfg.max_num_seqs, cfg.max_model_len)
 
+    def _rank_shard(self, model_config: LlamaConfig, dtype: torch.dtype) -> tuple[LlamaConfig, LlamaWeights]:
+        """This rank's shard, cut from the checkpoint; with compile_cache.sharded_weights through the compile-artifact
+        cache, under a key of its own (`_stored_shard`): the first start of a rank (or the compile Job) cuts and
+        stores it, every later one reads only its shard, never the whole checkpoint."""
+        group = self.tensor_parallel
+        assert group is not None
+
+        def cut() -> LlamaWeights:
+            full = build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
+            return shard(model_config, full, group.rank, group.world)[1]
+
+        part = shard_config(model_config, group.world)
+        if not self.config.compile_cache.sharded_weights:
+            return part, cut()
+        self.artifacts = self._stored_shard(model_config, dtype, group.rank, group.world, cut)
+        try:
+            return part, load_weights(self.artifacts.folder / WEIGHTS_FILE, part, self.device, dtype)
+        except (OSError, ValueError) as exc:
+            raise RunnerError(f"compile_cache.sharded_weights: rank {group.rank}'s shard: {exc}") from exc
+
+    def _stored_shard(self, model_config: LlamaConfig, dtype: torch.dtype, rank: int, world: int,
+                      cut: Callable[[], LlamaWeights]) -> Artifacts:
+        """Rank `rank`'s shard in the compile-artifact cache (the TP degree, the rank and the split's layout are in
+        its key), `cut()` and stored where it is missing."""
+        shape = {"format": SHARD_FORMAT, "device": self.device.type, "dtype": str(dtype).removeprefix("torch."),
+                 "architecture": dataclasses.asdict(model_config),
+                 "tensor_parallel": {"degree": world, "rank": rank, "layout": TP_LAYOUT}}
+        try:
+            return prepare_artifacts(self.config, self.model_path, "torch", torch.__version__, shape,
+                                     lambda folder: save_weights(folder / WEIGHTS_FILE, cut()))
+        except ArtifactsError as exc:
+            raise RunnerError(f"compile_cache.sharded_weights: rank {rank}'s shard: {exc}") from exc
+
+    def compile(self) -> Any:
+        """The compile Job. TP > 1 (one process, no group): every rank's shard with compile_cache.sharded_weights,
+        cut from one read of the checkpoint (rank 0's artifacts returned), else nothing to compile (each rank cuts
+        its shard at load); one process: `load`'s."""
+        cfg = self.config
+        world = cfg.parallelism.tensor_parallel_degree
+        if world == 1 or self.tensor_parallel is not None:
+            return super().compile()
+        if cfg.compile:
+            raise RunnerError(COMPILE_WITH_TP)
+        if not cfg.compile_cache.sharded_weights:
+            return None
+        model_config = read_config(self.model_path, cfg.max_model_len)
+        dtype = resolve_dtype(cfg.dtype, self.device)
+        full: list[LlamaWeights] = []  # read once, and only when some rank's shard is missing
+
+        def cut_of(rank: int) -> Callable[[], LlamaWeights]:
+            def cut() -> LlamaWeights:
+                if not full:
+                    full.append(build_weights(model_config, read_tensors(self.model_path), self.device, dtype))
+                return shard(model_config, full[0], rank, world)[1]
+            return cut
+
+        stored = [self._stored_shard(model_config, dtype, rank, world, cut_of(rank)) for rank in range(world)]
+        self.artifacts = stored[0]
+        return self.artifacts
+
     @property
     def artifacts_folder(self) -> Optional[Path]:
-        """The compiled artifacts' local folder (compile: true), None otherwise."""
+        """The artifacts' local folder (compile: true, or a rank's shard), None otherwise."""
         return self.artifacts.folder if self.artifacts else None
 
     def _draft_path(self) -> Path:
