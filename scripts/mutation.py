@@ -55,6 +55,9 @@ HANDOFF = ("tests/runtime_tests/artifacts/test_handoff.py",)
 TENSOR_PARALLEL = ("tests/runtime_tests/distributed/test_tensor_parallel.py",)
 CHANNEL = ("tests/runtime_tests/distributed/test_channel.py", "-k", "round_trips or travels")
 SHARDED = ("tests/runtime_tests/distributed/test_sharded_weights.py", "-k", "read_only_their_shards")
+NXDI_HOSTS = NXDI_RUNNER + ("-k", "each_host")
+TNX_RANKS = ("tests/runtime_tests/runners/test_tnx_runner.py", "-k", "rank_variables")
+NEURON_GROUP = ("tests/runtime_tests/distributed/test_neuron_ranks.py", "-k", "two_nxdi_hosts")
 
 
 @dataclass(frozen=True)
@@ -490,6 +493,23 @@ MUTATIONS += [
         '_LATER_RESOLVED_DEFAULTS = {"fetch_image": None, "efa_per_pod": 0, "group_topology_key": None}',
         '_LATER_RESOLVED_DEFAULTS = {"fetch_image": None, "group_topology_key": None}',
         BUILDERS, package=OPERATOR,
+    ),
+    Mutation(
+        "nxdi multi-node: start_rank_id the host's index, not node_rank * TP/nodes", "runners/neuron_nxdi.py",
+        '"start_rank_id": node_rank * local,', '"start_rank_id": node_rank,', NXDI_HOSTS,
+    ),
+    Mutation(
+        "nxdi multi-node: the host's ranks given to load() only (sharding on load shards rank 0's)",
+        "runners/neuron_nxdi.py", "bind_ranks(self.model.neuron_config, ranks)", "pass", NXDI_HOSTS,
+    ),
+    Mutation(
+        "nxdi multi-node: the worker host's runner built without its node_rank", "distributed/launch.py",
+        "create_runner(framework, config, model_path, node_rank=topology.node_rank)",
+        "create_runner(framework, config, model_path)", NEURON_GROUP,
+    ),
+    Mutation(
+        "tnx multi-node: NEURON_LOCAL_TP not checked against TP / nodes", "runners/neuron_tnx.py",
+        "if local != str(tp // nodes):", "if False:", TNX_RANKS,
     ),
 ]
 

@@ -75,7 +75,7 @@ def rank_runner(framework: str, config: RuntimeConfig, model_path: str, topology
             rank=topology.rank, world=topology.world_size, reduce=channel.all_reduce))
     elif framework == "nxdi":
         local = create_runner(framework, config, model_path, node_rank=topology.node_rank)
-    else:
+    else:  # tnx: its NeuronConfig reads the host's ranks from NEURON_RANK_ID / NEURON_LOCAL_TP (backend_env)
         local = create_runner(framework, config, model_path)
     return LeaderRunner(local, topology, on_lost) if topology.is_leader else local
 

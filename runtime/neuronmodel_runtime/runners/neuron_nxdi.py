@@ -40,6 +40,14 @@ How NxDI is driven (as vLLM's NxDI integration, PR #16357 and the fix #18279, an
   `fused_outputs` is [accepted (B, s) padded, next_input_ids, next_attention_mask, next_pos_ids (B, 1)]; a row's
   count is next_pos_ids - position (the padding is 0 before 0.8 and -1 from 0.8, cd3abf3: never read it, nor
   next_input_ids, which before 0.8 is wrong when an accepted token is 0).
+- multi-node (parallelism.nodes > 1; NxDI's examples/multi_node.md and inference_demo.py, 5de79de .. ef2731e): one
+  process per host, every host with tp_degree = the whole group's TP and local_ranks_size L = TP / nodes in the
+  compiled NeuronConfig (`nxdi_config.py`: the compiled model.pt holds SPMD models of L ranks, neuronx-distributed
+  trace/model_builder.py build_nxd_model), so one compile (at start_rank_id 0) serves every host; host n loads
+  ranks n*L .. n*L+L-1 (`load_ranks`), named both to load() and to the loaded NeuronConfig (`bind_ranks`: sharding
+  on load reads the config's). NEURON_RT_ROOT_COMM_ID (distributed/topology.py) is the runtime's rendezvous, and
+  every host must call forward with the same inputs: the leader broadcasts each step (distributed/leader.py).
+  Pre-sharded weights are refused there (the compile writes its own ranks' shards only).
 """
 
 from __future__ import annotations
@@ -95,12 +103,27 @@ class Release:
 
 
 def load_ranks(config: RuntimeConfig, node_rank: int) -> dict[str, Optional[int]]:
-    """`load()`'s start_rank_id / local_ranks_size: node n of a multi-node group loads ranks n*L .. n*L+L-1."""
+    """`load()`'s start_rank_id / local_ranks_size: node n of a multi-node group loads ranks n*L .. n*L+L-1, L =
+    TP / nodes (inference_demo.py at ef2731e: `args.start_rank_id = node_rank * args.local_ranks_size`; NxDI's
+    examples/multi_node.md: start_rank_id a multiple of local_ranks_size, tp_degree the whole group's)."""
     nodes = config.parallelism.nodes
     if nodes == 1:
         return {"start_rank_id": None, "local_ranks_size": None}
     local = config.parallelism.tensor_parallel_degree // nodes
     return {"start_rank_id": node_rank * local, "local_ranks_size": local}
+
+
+def bind_ranks(neuron_config: Any, ranks: dict[str, Optional[int]]) -> None:
+    """Make the loaded NeuronConfig name this host's ranks. `load(start_rank_id, local_ranks_size)` alone is not
+    enough: sharding on load (save_sharded_checkpoint false) goes through the ModelBuilder that `get_builder()`
+    builds from neuron_config.start_rank_id / local_ranks_size (application_base.py load_weights at 5de79de and
+    ef2731e; neuronx-distributed trace/model_builder.py shard_checkpoint shards exactly those ranks), while the
+    load() arguments choose the pre-sharded files and the start rank the weights are initialized at. The folder's
+    neuron_config.json says rank 0 (the compile ran there), so a worker host would put rank 0's shards on its own
+    ranks."""
+    for name, value in ranks.items():
+        if value is not None:
+            setattr(neuron_config, name, value)
 
 
 def device_sampling_tensor(rows: Sequence[RowSampling], global_top_k: int) -> torch.Tensor:
@@ -178,9 +201,14 @@ class NxdiRunner(ModelRunner):
 
     def load(self) -> None:
         cfg = self.config
-        if cfg.parallelism.nodes > 1:
-            raise RunnerError("parallelism.nodes > 1: multi-node NxDI serving needs the leader-to-worker input "
-                              "broadcast, which this release does not have yet; serve on one node")
+        if cfg.parallelism.nodes > 1 and cfg.compile_cache.sharded_weights:
+            # application_base.py shard_weights (5de79de .. ef2731e): the compile writes the shards of its own
+            # ranks only (ModelBuilder.shard_checkpoint over start_rank_id .. +local_ranks_size), so a worker
+            # host would find no weights/tp{rank}_sharded_checkpoint.safetensors of its ranks in the artifacts
+            raise RunnerError("compile_cache.sharded_weights with parallelism.nodes > 1: NxDI's compile writes "
+                              "the weight shards of the compiling host's ranks only, so the other hosts' shards "
+                              "would be missing; set compile_cache.sharded_weights to false (each host shards its "
+                              "ranks at load)")
         if cfg.speculation.mode == "promptLookup":
             raise RunnerError("speculation.mode 'promptLookup' is not served by the nxdi runner (NxDI speculates "
                               "with a draft model or EAGLE on the device); use draft or eagle, or framework torch")
@@ -193,7 +221,9 @@ class NxdiRunner(ModelRunner):
         decoder_class(self._cls)
         self.model = self._cls(str(self.artifacts.folder))
         rebind_checkpoints(self.model.config, self.model_path, self._draft_path())
-        self.model.load(str(self.artifacts.folder), **load_ranks(cfg, self.node_rank))
+        ranks = load_ranks(cfg, self.node_rank)
+        bind_ranks(self.model.neuron_config, ranks)
+        self.model.load(str(self.artifacts.folder), **ranks)
         self._capacity = self._read_capacity(kwargs)
 
     def compile(self) -> Artifacts:
@@ -393,6 +423,6 @@ class NxdiRunner(ModelRunner):
         self.sampler.clear()
 
 
-__all__ = ["NxdiRunner", "Release", "device_sampling_tensor", "full_batch", "fused_step_tokens", "load_ranks",
-           "prompt_inputs", "rebind_checkpoints"]
+__all__ = ["NxdiRunner", "Release", "bind_ranks", "device_sampling_tensor", "full_batch", "fused_step_tokens",
+           "load_ranks", "prompt_inputs", "rebind_checkpoints"]
 

@@ -60,19 +60,30 @@ How TNx is driven (as vLLM's TNx loader and runner of PR #16357 drive it, with t
   tokens. It keeps per-line state (the hidden state of each line's last token) that a step rewrites for every line it
   runs, so the state of lines not in the call is put back after, and every line is context-encoded once at load so
   that the state exists for lines never used yet.
-- multi-node TNx (NEURON_RANK_ID / NEURON_LOCAL_TP, Trn1 only) is not served: nodes > 1 is refused.
+- multi-node (parallelism.nodes > 1): one process per host, as TNx's multi-node recipe runs it (research/neuron-apis.md
+  §2.4, the TNx developer guide; vLLM's TNx multi-node scripts): every host builds the model with tp_degree = the
+  whole group's TP, and NeuronConfig reads NEURON_RANK_ID (the host's index, 0 = the leader) and NEURON_LOCAL_TP
+  (TP / nodes) at construction (config.py), which distributed/topology.py `backend_env` sets before the runner is
+  built. The host then holds ranks NEURON_RANK_ID * NEURON_LOCAL_TP .. + NEURON_LOCAL_TP - 1: parallel.py
+  `shard_along_on_cpu` slices their shards only and compiler.py `ParallelKernel` loads the NEFF on them
+  (get_g_start_device_id, get_g_device_count in config.py); the fused speculators build their programs from the
+  target's NeuronConfig the same way (program.py). NEURON_RT_ROOT_COMM_ID is the runtime's rendezvous, and every
+  host's forward must get the same inputs: the leader broadcasts each step (distributed/leader.py). `load` checks
+  the variables against the config (`multi_node_error`) and refuses a family other than trn1 (TNx multi-node is
+  Trn1/Trn1n only) and TNx's pipeline parallelism (NEURON_PP_STAGES, whose own host loop is not served).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
 from neuronmodel_runtime.artifacts.prepare import Artifacts, ArtifactsError, prepare_artifacts
-from neuronmodel_runtime.config import RuntimeConfig, read_model_config
+from neuronmodel_runtime.config import RuntimeConfig, env as env_names, read_model_config
 from neuronmodel_runtime.frameworks import TNX_DEPRECATION
 from neuronmodel_runtime.releases import release_of
 from neuronmodel_runtime.runners.base import (
@@ -106,6 +117,37 @@ log = logging.getLogger(__name__)
 END_OF_SUPPORT = "2025-09-16"
 #: Speculation output padding: TNx overwrites every token equal to its pad_token_id, so it must be no token id.
 PAD_TOKEN_ID = -1
+#: The instance family TNx runs multi-node on (the TNx developer guide: Trn1/Trn1n), as NEURONMODEL_INSTANCE_FAMILY
+#: names it.
+MULTI_NODE_FAMILY = "trn1"
+
+
+def multi_node_error(config: RuntimeConfig, env: Mapping[str, str]) -> Optional[str]:
+    """Why the variables TNx reads for its ranks (config.py: NEURON_RANK_ID, NEURON_LOCAL_TP, NEURON_PP_STAGES) do not
+    fit parallelism.nodes / tensor_parallel_degree, or None. On one node NEURON_LOCAL_TP must be unset (or the whole
+    TP): TNx would load only that many ranks."""
+    nodes, tp = config.parallelism.nodes, config.parallelism.tensor_parallel_degree
+    local, rank = env.get("NEURON_LOCAL_TP") or None, env.get("NEURON_RANK_ID") or "0"
+    if nodes == 1:
+        if local is not None and local != str(tp):
+            return (f"NEURON_LOCAL_TP={local} with parallelism.nodes 1: transformers-neuronx would load only "
+                    f"{local} of the {tp} ranks; unset it")
+        return None
+    family = env.get(env_names.INSTANCE_FAMILY) or None
+    if family is not None and family != MULTI_NODE_FAMILY:
+        return (f"parallelism.nodes {nodes} on {env_names.INSTANCE_FAMILY}={family}: transformers-neuronx runs "
+                f"multi-node on {MULTI_NODE_FAMILY} (Trn1/Trn1n) only; use framework nxdi, or parallelism.nodes 1")
+    if (env.get("NEURON_PP_STAGES") or "1") != "1":
+        return (f"NEURON_PP_STAGES={env['NEURON_PP_STAGES']}: transformers-neuronx's pipeline parallelism is not "
+                "served (its stages run their own host loop); unset it")
+    if local != str(tp // nodes):
+        return (f"NEURON_LOCAL_TP={local} but parallelism.tensor_parallel_degree {tp} over {nodes} nodes is "
+                f"{tp // nodes} per host; start the host with `neuronmodel-runtime serve` / `worker`, which set it")
+    if not rank.isdigit() or int(rank) >= nodes:
+        return f"NEURON_RANK_ID={rank} is not a host of the group of {nodes} (0..{nodes - 1})"
+    if not env.get("NEURON_RT_ROOT_COMM_ID"):
+        return "NEURON_RT_ROOT_COMM_ID is not set: the hosts' Neuron runtimes meet at the leader's address there"
+    return None
 
 
 def chain_token_tree(k: int) -> dict[int, list[int]]:
@@ -167,10 +209,9 @@ class TnxRunner(ModelRunner):
     def load(self) -> None:
         cfg = self.config
         check_device_top_k(cfg)
-        if cfg.parallelism.nodes > 1:
-            raise RunnerError("parallelism.nodes > 1: multi-node transformers-neuronx (NEURON_RANK_ID / "
-                              "NEURON_LOCAL_TP, Trn1 only) is not served by the tnx runner; set parallelism.nodes "
-                              "to 1, or use framework nxdi")
+        ranks = multi_node_error(cfg, os.environ)
+        if ranks:
+            raise RunnerError(ranks)
         if cfg.speculation.mode == "promptLookup":
             raise RunnerError("speculation.mode 'promptLookup' is not served by the tnx runner (TNx speculates on "
                               "the device with a draft model or EAGLE); use draft or eagle, or framework torch")
@@ -450,6 +491,6 @@ def _context_inputs(prompt: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor([ids], dtype=torch.int32), torch.tensor([cache], dtype=torch.int32)
 
 
-__all__ = ["END_OF_SUPPORT", "PAD_TOKEN_ID", "TnxRunner", "chain_token_tree", "device_line", "start_ids",
-           "step_tokens"]
+__all__ = ["END_OF_SUPPORT", "MULTI_NODE_FAMILY", "PAD_TOKEN_ID", "TnxRunner", "chain_token_tree", "device_line",
+           "multi_node_error", "start_ids", "step_tokens"]
 

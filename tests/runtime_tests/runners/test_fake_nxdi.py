@@ -535,3 +535,61 @@ def test_a_fused_instance_swaps_the_class_decoder_up_to_0_6(nxdi, tmp_path, vers
         build(tmp_path / "plain")
     llama.NeuronLlamaForCausalLM._model_cls = own  # what the runner's decoder_class does before each instance
     build(tmp_path / "again", draft=True, enable_fused_speculation=True, speculation_length=4)
+
+
+# ---- ranks of a multi-node group (examples/multi_node.md, application_base.py load_weights) -----------------------
+
+
+def compiled_for_two_hosts(tmp_path, **kwargs):
+    """A folder compiled for TP 4 over two hosts (local_ranks_size 2, at start_rank_id 0), and a fresh instance of
+    it that a host would load."""
+    build(tmp_path, compile_=False, tp_degree=4, local_ranks_size=2, **kwargs).compile(str(tmp_path / "compiled"))
+    return lambda: mod("models.llama.modeling_llama").NeuronLlamaForCausalLM(str(tmp_path / "compiled"))
+
+
+@pytest.mark.parametrize("version", [V03, V09])
+def test_a_host_loads_the_ranks_it_names_to_load_and_to_its_neuron_config(nxdi, tmp_path, version):
+    nxdi(version)
+    fresh = compiled_for_two_hosts(tmp_path)
+    for host in (0, 1):
+        model = fresh()
+        model.neuron_config.start_rank_id = 2 * host  # sharding on load shards the NeuronConfig's ranks
+        model.load(str(tmp_path / "compiled"), start_rank_id=2 * host, local_ranks_size=2)
+        assert model.loaded_ranks == [2 * host, 2 * host + 1]
+        assert prefill(model, PROMPTS[0], 0).tokens.shape == (1,)
+
+
+def test_a_rank_shard_mismatch_or_the_whole_model_is_refused_as_the_real_fails(nxdi, tmp_path):
+    nxdi(V09)
+    fresh = compiled_for_two_hosts(tmp_path)
+    folder = str(tmp_path / "compiled")
+    with pytest.raises(RuntimeError, match="sharding on load shards ranks 0..1 .* initializes ranks 2..3"):
+        fresh().load(folder, start_rank_id=2, local_ranks_size=2)  # the folder's NeuronConfig still says rank 0
+    with pytest.raises(RuntimeError, match="SPMD models of 2 local ranks .* cannot be initialized with 4"):
+        fresh().load(folder, start_rank_id=0, local_ranks_size=4)  # the whole model on one host of the group
+    for start in (1, 4):
+        model = fresh()
+        model.neuron_config.start_rank_id = start
+        with pytest.raises(ValueError, match=f"start_rank_id {start} must be a multiple of local_ranks_size 2"):
+            model.load(folder, start_rank_id=start, local_ranks_size=2)
+
+
+def test_the_compile_writes_the_pre_sharded_weights_of_its_own_ranks_only(nxdi, tmp_path):
+    nxdi(V09)
+    fresh = compiled_for_two_hosts(tmp_path, save_sharded_checkpoint=True)
+    weights = sorted(p.name for p in (tmp_path / "compiled" / "weights").iterdir())
+    assert weights == ["tp0_sharded_checkpoint.safetensors", "tp1_sharded_checkpoint.safetensors"]
+    with pytest.raises(FileNotFoundError, match="tp2_sharded_checkpoint"):
+        fresh().load(str(tmp_path / "compiled"), start_rank_id=2, local_ranks_size=2)
+    fresh().load(str(tmp_path / "compiled"), start_rank_id=0, local_ranks_size=2)
+
+
+def test_every_forward_is_recorded_as_given(nxdi, tmp_path):
+    nxdi(V09)
+    model = build(tmp_path)
+    prefill(model, PROMPTS[0], 1)
+    decode(model, [5, 6], [6, 3], [0, 1])
+    assert model.step_inputs == [
+        {"input_ids": [PROMPTS[0]], "position_ids": [list(range(6))], "seq_ids": [1], "sampling_params": [GREEDY]},
+        {"input_ids": [[5], [6]], "position_ids": [[6], [3]], "seq_ids": [0, 1], "sampling_params": [GREEDY] * 2},
+    ]

@@ -322,3 +322,42 @@ def test_eagle_takes_int64_start_ids_only(tnx, eagle_draft):
     assert torch.equal(esd.hidden[1], hidden)
     tokens, counts = esd.speculative_iteration(first, ids([len(PROMPT)]), torch.tensor([1]))
     assert tokens.shape == (1, 3) and 1 <= int(counts[0, 0]) <= 3
+
+
+# --- ranks of a multi-node group (config.py NEURON_RANK_ID / NEURON_LOCAL_TP, parallel.py, compiler.py) ----------------
+
+def on_host(monkeypatch, rank, local):
+    """NeuronConfig reads the variables when it is built: set them first."""
+    monkeypatch.setenv("NEURON_RANK_ID", str(rank))
+    if local is None:
+        monkeypatch.delenv("NEURON_LOCAL_TP", raising=False)
+    else:
+        monkeypatch.setenv("NEURON_LOCAL_TP", str(local))
+
+
+def test_a_host_holds_its_ranks_and_loads_the_neffs_another_host_saved(tnx, monkeypatch, tmp_path):
+    on_host(monkeypatch, 0, 2)
+    leader = model(tnx, tp_degree=4)
+    leader.save(str(tmp_path / "neffs"))
+    on_host(monkeypatch, 1, 2)
+    worker = model(tnx, tp_degree=4, compile=False)
+    worker.load(str(tmp_path / "neffs"))
+    worker.to_neuron()  # the NEFFs have no rank in them
+    assert (leader.loaded_ranks, worker.loaded_ranks) == ([0, 1], [2, 3])
+
+
+@pytest.mark.parametrize("rank, local", [(1, None), (2, 2), (0, 3)], ids=["whole-model", "past-group", "uneven"])
+def test_ranks_outside_the_group_or_an_uneven_local_tp_are_refused(tnx, monkeypatch, rank, local):
+    on_host(monkeypatch, rank, local)
+    with pytest.raises(RuntimeError, match=f"NEURON_RANK_ID={rank} with NEURON_LOCAL_TP={local}"):
+        model(tnx, tp_degree=4)
+
+
+def test_every_forward_is_recorded_as_given(tnx):
+    m = model(tnx)
+    m(ids(PROMPT), cache_ids=ids(list(range(len(PROMPT)))), start_ids=ids(1))
+    m(ids([5], [6]), cache_ids=ids([7], [3]), start_ids=ids(1, 0))
+    assert m.step_inputs == [
+        {"input_ids": [PROMPT], "cache_ids": [list(range(len(PROMPT)))], "start_ids": [1]},
+        {"input_ids": [[5], [6]], "cache_ids": [[7], [3]], "start_ids": [1, 0]},
+    ]

@@ -77,6 +77,23 @@ def test_multi_node_ranks_split_the_tensor_parallel_degree():
     assert load_ranks(config(), 0) == {"start_rank_id": None, "local_ranks_size": None}
 
 
+@pytest.mark.parametrize("version", ["0.3.5591", "0.9.17334"])
+def test_each_host_of_a_group_loads_only_its_ranks_of_one_compile(nxdi, version):
+    """TP 4 over two hosts: one compile (local_ranks_size 2 in its NeuronConfig), host n loading ranks 2n, 2n+1
+    (named to load() and to the loaded NeuronConfig, which sharding on load reads); each serves the checkpoint's
+    greedy tokens (the fake computes the whole model on every host)."""
+    nxdi(version)
+    from neuronx_distributed_inference.models import model_base
+
+    cfg = config(parallelism={"tensor_parallel_degree": 4, "nodes": 2})
+    hosts = [NxdiRunner(cfg, str(TINY / "target"), node_rank=n) for n in (0, 1)]
+    for host in hosts:
+        host.load()
+    assert [h.model.loaded_ranks for h in hosts] == [[0, 1], [2, 3]] and model_base.COMPILES == 1
+    assert {h.model.neuron_config.local_ranks_size for h in hosts} == {2} and hosts[1].info()["tp_degree"] == 4
+    assert greedy_tokens(hosts[1], [48, 911, 7]) == greedy_tokens(loaded(config()), [48, 911, 7])
+
+
 def test_compiles_once_then_loads_the_artifacts(nxdi):
     library = nxdi()
     from neuronx_distributed_inference.models import model_base
@@ -198,8 +215,8 @@ def test_what_nxdi_cannot_serve_is_refused_at_load(nxdi):
         loaded(config(speculation={"mode": "promptLookup"}))
     with pytest.raises(RunnerError, match="sampling.on_device=true"):
         loaded(config(speculation=SPEC, sampling={"on_device": False}))
-    with pytest.raises(RunnerError, match="multi-node"):
-        loaded(config(parallelism={"tensor_parallel_degree": 2, "nodes": 2}))
+    with pytest.raises(RunnerError, match="compile_cache.sharded_weights with parallelism.nodes > 1"):
+        loaded(config(parallelism={"tensor_parallel_degree": 2, "nodes": 2}, compile_cache={"sharded_weights": True}))
 
 
 @pytest.mark.parametrize("version", ["0.3.5591", "0.6.10598", "0.9.17334"])

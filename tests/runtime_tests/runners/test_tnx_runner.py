@@ -385,12 +385,61 @@ def test_the_device_top_k_is_capped_when_sampling_on_the_device(tnx):
     assert make(sampling={"on_device": False, "global_top_k": 300}).capabilities().sampling.max_top_k == 300
 
 
-def test_load_logs_the_deprecation_and_refuses_multi_node(tnx, caplog):
+def test_load_logs_the_deprecation(tnx, caplog):
     with caplog.at_level(logging.WARNING, logger="neuronmodel_runtime.runners.neuron_tnx"):
         runner = make()
     assert any("end of support on 2025-09-16" in r.getMessage() and "nxdi" in r.getMessage()
                for r in caplog.records)
     info = runner.info()
     assert (info["tnx"], info["written_against"], info["model_class"]) == ("0.13.798", True, "LlamaForSampling")
-    with pytest.raises(RunnerError, match="parallelism.nodes to 1"):
-        make(parallelism={"tensor_parallel_degree": 2, "nodes": 2})
+
+
+# --- multi-node ------------------------------------------------------------------------------------------------------
+
+GROUP = {"tensor_parallel_degree": 4, "nodes": 2}
+
+
+def host_env(monkeypatch, rank, local="2", **extra):
+    """What distributed/topology.backend_env sets on host `rank` of TP 4 over two hosts."""
+    env = {"NEURON_RANK_ID": str(rank), "NEURON_LOCAL_TP": local, "NEURON_RT_ROOT_COMM_ID": "10.0.0.1:63423", **extra}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("speculation", [{}, {"mode": "draft", "draft_model": str(DRAFT), "num_speculative_tokens": K}],
+                         ids=["plain", "draft"])
+def test_each_host_of_a_group_holds_only_its_ranks_of_one_compile(tnx, hf, monkeypatch, speculation):
+    """TP 4 over two hosts: every host builds tp_degree 4 and holds ranks NEURON_RANK_ID * 2 .. + 1; the second
+    loads the NEFFs the first saved; each serves the checkpoint's greedy tokens (the fake computes the whole model
+    on every host)."""
+    hosts = []
+    for rank in (0, 1):
+        host_env(monkeypatch, rank)
+        hosts.append(make(parallelism=GROUP, speculation=speculation or {"mode": "none"}))
+    assert [h.model.loaded_ranks for h in hosts] == [[0, 1], [2, 3]]
+    assert hosts[1].info()["tp_degree"] == 4 and [h.info()["compiled_now"] for h in hosts] == [True, False]
+    assert generate(hosts[1], [0], [PROMPTS[0]], steps=6) == [hf_greedy(hf, PROMPTS[0], 6)]
+
+
+@pytest.mark.parametrize("env, error", [
+    ({"NEURON_LOCAL_TP": ""}, "NEURON_LOCAL_TP=None but .* is 2 per host"),
+    ({"NEURON_LOCAL_TP": "4"}, "NEURON_LOCAL_TP=4 but"),
+    ({"NEURON_RANK_ID": "2"}, "NEURON_RANK_ID=2 is not a host of the group of 2"),
+    ({"NEURON_RT_ROOT_COMM_ID": ""}, "NEURON_RT_ROOT_COMM_ID is not set"),
+    ({"NEURON_PP_STAGES": "2"}, "NEURON_PP_STAGES=2: transformers-neuronx's pipeline parallelism"),
+    ({"NEURONMODEL_INSTANCE_FAMILY": "inf2"}, "multi-node on trn1 .* only; use framework nxdi"),
+])
+def test_rank_variables_that_do_not_fit_the_group_are_refused_naming_them(tnx, monkeypatch, env, error):
+    host_env(monkeypatch, 1, **{"NEURONMODEL_INSTANCE_FAMILY": "trn1"})
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RunnerError, match=error):
+        make(parallelism=GROUP)
+
+
+def test_a_stray_local_tp_on_one_node_is_refused(tnx, monkeypatch):
+    monkeypatch.setenv("NEURON_LOCAL_TP", "1")
+    with pytest.raises(RunnerError, match="NEURON_LOCAL_TP=1 with parallelism.nodes 1"):
+        make(parallelism={"tensor_parallel_degree": 2})
+    monkeypatch.setenv("NEURON_LOCAL_TP", "2")
+    assert make(parallelism={"tensor_parallel_degree": 2}).model.loaded_ranks == [0, 1]

@@ -20,6 +20,15 @@ Rules enforced, as the real code has them:
   (`_postprocess`). Several tokens at an offset is speculative_forward, which needs `enable_speculative_decoder`.
 - outputs: with on_device_generation int32 token ids [n, 1]; else float32 logits [n, vocab]; an EAGLE target also
   returns its hidden states.
+- ranks (multi-node: NeuronConfig reads NEURON_RANK_ID, NEURON_LOCAL_TP and NEURON_PP_STAGES at construction;
+  tp_degree is the whole group's): `to_neuron()` loads this process's ranks only, rank_id * local_tp ..
+  rank_id * local_tp + local_tp - 1 of the pp_stages * tp_degree devices (config.py get_local_tp,
+  get_g_start_device_id, get_g_device_count; parallel.py shard_along_on_cpu slices those shards; compiler.py
+  ParallelKernel.load places the NEFF on them). Ranks past the group (a rank_id > 0 without NEURON_LOCAL_TP: the
+  whole model at device tp_degree) or a local_tp that does not divide tp_degree (hosts that cannot cover the group)
+  are refused (RuntimeError: the real runtime cannot place or join them). The NEFFs do not depend on the rank (the
+  rank is given at load, not in the HLO), so every host loads the artifacts one host saved. `loaded_ranks` and
+  `step_inputs` (every forward's input_ids, cache_ids, start_ids as given) are the fake's records, for tests.
 Only continuous batching is modelled; static batching raises NotImplementedError.
 """
 
@@ -155,6 +164,8 @@ class NeuronModelBase(torch.nn.Module):
         self._checkpoint: Optional[str] = None
         self._device: Any = None  # the backing model (weights + KV cache), from to_neuron()
         self._generation: Optional[DeviceGeneration] = None
+        self.loaded_ranks: Optional[List[int]] = None  # the fake's records (see the module docstring)
+        self.step_inputs: List[Dict[str, Any]] = []
 
     # --- lifecycle (base.py) ---------------------------------------------------------------------------------------
 
@@ -164,6 +175,7 @@ class NeuronModelBase(torch.nn.Module):
     def to_neuron(self):
         if self.amp not in AMPS:
             raise ValueError(f"fake: amp {self.amp!r} is not one of {AMPS}")
+        ranks = self._device_ranks()
         num_slots, max_len = max(self.batch_sizes), max(self.token_buckets)
         if self.neuron_config.is_eagle_draft:
             self._device = _backing.load_eagle_draft(self._checkpoint, num_slots, max_len)
@@ -188,6 +200,19 @@ class NeuronModelBase(torch.nn.Module):
         else:
             COMPILE_LOG.append(type(self).__name__)
         self.decoder_lm_head.program = kernels
+        self.loaded_ranks = ranks
+
+    def _device_ranks(self) -> List[int]:
+        """The ranks this process holds: local_tp of them from rank_id * local_tp, in a group of pp_stages *
+        tp_degree devices (see the module docstring)."""
+        nc, tp = self.neuron_config, self.decoder_lm_head.tp_degree
+        local = tp if nc.local_tp is None else nc.local_tp
+        start, group = nc.rank_id * local, nc.pp_stages * tp
+        if local < 1 or tp % local or start + local > group:
+            raise RuntimeError(f"the fake TNx: NEURON_RANK_ID={nc.rank_id} with NEURON_LOCAL_TP={nc.local_tp} puts "
+                               f"devices {start}..{start + local - 1} in a group of {group} (tp_degree {tp}): the "
+                               "hosts' local TP must divide tp_degree and each host's ranks lie within the group")
+        return list(range(start, start + local))
 
     def save(self, directory, sharded_weights=False):
         if os.path.isfile(directory):
@@ -217,6 +242,7 @@ class NeuronModelBase(torch.nn.Module):
     def _kernels(self) -> Dict[str, str]:
         """Kernel name -> NEFF file name; the name hashes everything the real HLO depends on (hash_hlo)."""
         nc = self.neuron_config.to_json()
+        nc.pop("rank_id")  # ParallelKernel.load takes the rank's devices; the HLO, hence the NEFF, has no rank
         generation = nc.pop("on_device_generation", None)
         if generation and generation.get("dynamic"):
             for name in ("top_k", "top_p", "temperature", "top_p_min_tokens"):  # device inputs, not constants
@@ -244,6 +270,8 @@ class NeuronModelBase(torch.nn.Module):
         input_ids = _int_tensor("input_ids", input_ids)
         cache_ids = _int_tensor("cache_ids", cache_ids)
         start_ids = _int_tensor("start_ids", start_ids).flatten()
+        self.step_inputs.append({"input_ids": input_ids.tolist(), "cache_ids": cache_ids.tolist(),
+                                 "start_ids": start_ids.tolist()})
         if input_ids.dim() != 2 or cache_ids.shape != input_ids.shape:
             raise ValueError(f"with continuous batching input_ids and cache_ids are [n, tokens] (padding_side right, "
                              f"2D cache ids); got {list(input_ids.shape)} and {list(cache_ids.shape)}")

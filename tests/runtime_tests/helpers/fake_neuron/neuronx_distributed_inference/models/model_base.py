@@ -30,6 +30,9 @@ forward (keywords as the real signature: input_ids, seq_ids, attention_mask, pos
   (`self.__class__._model_cls`), on the instance from 0.7 (fcb5a86). A FusedSpecNeuronConfig whose worker_cls is
   NeuronFusedSpecModel, or a plain instance built while the class holds it, fails at compile and load as the real
   NeuronFusedSpecModel.__init__ does (AttributeError on config.fused_spec_config.draft_config).
+* Every host of a multi-node group must call forward with the same inputs (examples/multi_node.md): the fake
+  records each call's (input_ids, position_ids, seq_ids, sampling_params) as given, in `step_inputs`, so that a
+  test can compare what the hosts ran.
 * The fake computes in float32 on the CPU whatever torch_dtype says (the real casts to it, bfloat16 by default),
   and refuses (NotImplementedError, at construction) the features whose graphs it does not model (see
   config.UNMODELLED and _refuse_unmodelled) rather than ignoring them.
@@ -120,6 +123,7 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             self.token_generation_model = ModelWrapper(self, TOKEN_GENERATION_MODEL_TAG, nc.tkg_batch_size, tkg)
         self.models = [self.context_encoding_model, self.get_generation_model()]
         self._target = self._draft = None
+        self.step_inputs = []  # the fake's record: one entry per forward (see the module docstring)
 
     def _refuse_unmodelled(self):
         nc = self.neuron_config
@@ -240,6 +244,8 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         if sp is not None and (not torch.is_tensor(sp) or sp.dtype != torch.float32):
             raise TypeError(f"sampling_params must be a float32 tensor [B, 3] (the compiled input), got "
                             f"{sp.dtype if torch.is_tensor(sp) else type(sp).__name__}")
+        self.step_inputs.append({name: None if a[name] is None else a[name].tolist()
+                                 for name in ("input_ids", "position_ids", "seq_ids", "sampling_params")})
         if not at_least((0, 4)):  # 0.3 validates sampling first
             sp = self._sampling(sp)
         attention_mask = a["attention_mask"]
