@@ -311,6 +311,10 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     if spec.framework == "tnx" and spec.compile_cache.sharded_weights:
         raise SpecError("spec.compileCache.shardedWeights: transformers-neuronx saves pre-sharded weights only with "
                         "on-device embedding, which this runtime does not compile; remove it or use framework nxdi")
+    if spec.parallelism.nodes > 1 and spec.compile_cache.sharded_weights:
+        raise SpecError("spec.compileCache.shardedWeights with parallelism.nodes > 1: NxDI's compile writes the "
+                        "pre-sharded weights of the compiling host's ranks only, so the other hosts' would be missing; "
+                        "set shardedWeights false (each host shards its ranks at load)")
     if spec.framework == "tnx" and not family.transformers_neuronx:
         raise SpecError(f"spec.framework: transformers-neuronx never supported {family.name}; use nxdi or auto")
     lnc_asked = spec.parallelism.logical_core_config
@@ -329,7 +333,9 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     warnings = [scheduler_warning] if scheduler_warning else []
     if (parameters := spec.model.parameter_count()) is not None:
         fit = devices.fit_warning(parameters, spec.model.dtype, instance, lnc, spec.parallelism.tensor_parallel_degree)
-        host = devices.host_memory_warning(loading_gib(spec), instance, spec.compile_cache.sharded_weights)
+        # pre-sharded weights are the fix on one node only (refused across nodes, above)
+        host = devices.host_memory_warning(loading_gib(spec), instance,
+                                           spec.compile_cache.sharded_weights or spec.parallelism.nodes > 1)
         warnings += [SpecWarning(reason, text) for reason, text in (("ModelMayNotFit", fit),
                                                                     ("HostMemoryShort", host)) if text]
     trn2_lnc = lnc if len(family.lnc_choices) > 1 else None

@@ -93,6 +93,7 @@ def test_default_deployment(rendered):
         "NEURONMODEL_OPERATOR_COMPILE_CACHE_POLICY": "IfNotCached",
         "NEURONMODEL_HPA_METRIC": "vllm:num_requests_waiting",
         "NEURONMODEL_OPERATOR_NEURON_SCHEDULER_NAME": "my-scheduler",
+        "NEURONMODEL_OPERATOR_GROUP_TOPOLOGY_KEY": "eks.amazonaws.com/nodegroup",
         "NEURONMODEL_OPERATOR_ALLOW_HOST_PATH": "false",
     }
     kinds = sorted(doc["kind"] for doc in rendered["defaults"])

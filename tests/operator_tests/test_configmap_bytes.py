@@ -154,6 +154,9 @@ def _cases() -> list[Any]:
                 continue  # refused by the CRD
             if spec.get("engine") == "vllm":
                 continue  # its pods read no ConfigMap: vLLM takes the spec as flags (test_vllm_args.py)
+            nodes = spec.get("parallelism", {}).get("nodes", 1)
+            if nodes > 1 and spec.get("compileCache", {}).get("shardedWeights") and spec.get("framework") != "torch":
+                continue  # refused: NxDI pre-shards the compiling host's ranks only
             cases.append(pytest.param({**body, "spec": spec}, id=f"{name}:{variation}"))
     return cases
 

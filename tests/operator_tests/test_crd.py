@@ -392,7 +392,7 @@ def test_unknown_schema_constructs_are_refused():
 def test_the_samples_are_the_promised_set():
     assert {p.name for p in SAMPLES} == {
         "tiny-torch.yaml", "inf2-llama-8b.yaml", "trn1-llama-70b.yaml", "trn2-llama-70b.yaml",
-        "speculation-draft.yaml", "prompt-lookup.yaml", "multinode-405b.yaml"}
+        "speculation-draft.yaml", "prompt-lookup.yaml", "multinode-70b.yaml"}
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=[p.stem for p in SAMPLES])
@@ -433,6 +433,6 @@ def test_sample_families():
     assert specs["speculation-draft"].speculation.mode == "draft"
     assert specs["speculation-draft"].speculation.draft_model is not None
     assert specs["prompt-lookup"].speculation.mode == "promptLookup"
-    multinode = specs["multinode-405b"]
+    multinode = specs["multinode-70b"]
     assert multinode.parallelism.nodes == 2 and multinode.compile_cache.url.startswith("pvc://")
-    assert resolved["multinode-405b"].cores_per_pod == multinode.parallelism.tensor_parallel_degree // 2
+    assert resolved["multinode-70b"].cores_per_pod == multinode.parallelism.tensor_parallel_degree // 2

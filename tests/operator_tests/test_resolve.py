@@ -517,12 +517,16 @@ def test_an_explicit_instance_short_of_host_ram_is_warned_about():
                       parallelism={"tensorParallelDegree": 2}))
     (warning,) = r.warnings
     assert "host RAM" in warning and "inf2.xlarge" in warning and "inf2.8xlarge" in warning
-    # 405B over two trn1.32xlarge: ~940 GiB to load whole; pre-sharded, each node loads its half
+    # 405B over two trn1.32xlarge: ~940 GiB to load whole on each node, and pre-sharded weights cannot help across
+    # nodes (refused): more nodes can
     big = spec(model={"source": "hf://org/m", "parameters": "405B"}, instanceType="trn1.32xlarge",
                parallelism={"tensorParallelDegree": 64, "nodes": 2}, compileCache={"url": "s3://c/p"})
     (warning,) = resolved(big).warnings
-    assert "shardedWeights" in warning
-    assert resolved({**big, "compileCache": {"url": "s3://c/p", "shardedWeights": True}}).warnings == ()
+    assert "raise parallelism.nodes" in warning and "shardedWeights" not in warning
+    # on one node, pre-sharded weights are the fix offered
+    one = spec(model={"source": "hf://org/m", "parameters": "405B"}, instanceType="trn1.32xlarge",
+               parallelism={"tensorParallelDegree": 32}, compileCache={"url": "s3://c/p"})
+    assert "shardedWeights" in resolved(one).warnings[-1]
 
 
 @pytest.mark.parametrize("body, field", [
@@ -567,3 +571,14 @@ def test_efa_where_there_is_none_is_refused_naming_the_field():
     with pytest.raises(api.SpecError, match=r"^spec.parallelism.efa: inf2.48xlarge has no EFA devices .*"
                                             r"trn1.32xlarge.*set parallelism.efa false"):
         _efa("inf2.48xlarge", 2, 48, efa=True)
+
+
+def test_pre_sharded_weights_across_nodes_are_refused_on_neuron():
+    spec = {"model": {"source": "hf://org/m"}, "instanceType": "trn1.32xlarge",
+            "parallelism": {"tensorParallelDegree": 64, "nodes": 2},
+            "compileCache": {"url": "s3://b/p", "shardedWeights": True}}
+    with pytest.raises(api.SpecError, match=r"^spec.compileCache.shardedWeights with parallelism.nodes > 1"):
+        resolve(parse_spec(spec), OperatorDefaults())
+    torch_group = {**spec, "framework": "torch", "instanceType": None}
+    assert resolve(parse_spec({k: v for k, v in torch_group.items() if v is not None}),
+                   OperatorDefaults()).cores_per_pod == 0  # the torch runner's ranks keep their shards
