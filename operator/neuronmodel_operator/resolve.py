@@ -315,6 +315,9 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         raise SpecError("spec.compileCache.shardedWeights with parallelism.nodes > 1: NxDI's compile writes the "
                         "pre-sharded weights of the compiling host's ranks only, so the other hosts' would be missing; "
                         "set shardedWeights false (each host shards its ranks at load)")
+    if spec.framework == "tnx" and spec.parallelism.nodes > 1 and family.name != "trn1":
+        raise SpecError(f"spec.parallelism.nodes: transformers-neuronx runs multi-node on trn1 only, not "
+                        f"{instance.name}; use framework nxdi (or auto), or parallelism.nodes 1")
     if spec.framework == "tnx" and not family.transformers_neuronx:
         raise SpecError(f"spec.framework: transformers-neuronx never supported {family.name}; use nxdi or auto")
     lnc_asked = spec.parallelism.logical_core_config

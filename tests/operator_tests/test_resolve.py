@@ -582,3 +582,13 @@ def test_pre_sharded_weights_across_nodes_are_refused_on_neuron():
     torch_group = {**spec, "framework": "torch", "instanceType": None}
     assert resolve(parse_spec({k: v for k, v in torch_group.items() if v is not None}),
                    OperatorDefaults()).cores_per_pod == 0  # the torch runner's ranks keep their shards
+
+
+def test_transformers_neuronx_across_nodes_is_refused_off_trn1():
+    group = {"model": {"source": "hf://org/m"}, "framework": "tnx", "parallelism": {"tensorParallelDegree": 48,
+                                                                                  "nodes": 2}}
+    with pytest.raises(api.SpecError, match=r"^spec.parallelism.nodes: transformers-neuronx runs multi-node on trn1 "
+                                            r"only, not inf2.48xlarge"):
+        resolve(parse_spec({**group, "instanceType": "inf2.48xlarge"}), OperatorDefaults())
+    trn1 = {**group, "instanceType": "trn1.32xlarge", "parallelism": {"tensorParallelDegree": 64, "nodes": 2}}
+    assert resolve(parse_spec(trn1), OperatorDefaults()).efa_per_pod == 8
