@@ -28,6 +28,7 @@ tiny checkpoints, 1.5e-5 on the committed tiny target).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import tarfile
 import time
@@ -165,7 +166,7 @@ class TorchReferenceRunner(ModelRunner):
             self._load_compiled(model_config, draft_config, dtype)
             return
         if group is None:
-            weights = build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
+            weights = self._checkpoint_weights(model_config, dtype)
             self.model = LlamaModel(model_config, weights, cfg.max_num_seqs, cfg.max_model_len)
         else:
             part, weights = self._rank_shard(model_config, dtype)
@@ -174,36 +175,37 @@ class TorchReferenceRunner(ModelRunner):
             weights = build_weights(draft_config, read_tensors(self._draft_path()), self.device, dtype)
             self.draft = LlamaModel(draft_config, weights, cfg.max_num_seqs, cfg.max_model_len)
 
+    def _checkpoint_weights(self, model_config: LlamaConfig, dtype: torch.dtype) -> LlamaWeights:
+        """The whole model's weights, read from the checkpoint and converted to `dtype`."""
+        return build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
+
     def _rank_shard(self, model_config: LlamaConfig, dtype: torch.dtype) -> tuple[LlamaConfig, LlamaWeights]:
         """This rank's shard, cut from the checkpoint; with compile_cache.sharded_weights through the compile-artifact
         cache, under a key of its own (`_stored_shard`): the first start of a rank (or the compile Job) cuts and
         stores it, every later one reads only its shard, never the whole checkpoint."""
         group = self.tensor_parallel
         assert group is not None
-
-        def cut() -> LlamaWeights:
-            full = build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
-            return shard(model_config, full, group.rank, group.world)[1]
-
         part = shard_config(model_config, group.world)
+        full = functools.partial(self._checkpoint_weights, model_config, dtype)
         if not self.config.compile_cache.sharded_weights:
-            return part, cut()
-        self.artifacts = self._stored_shard(model_config, dtype, group.rank, group.world, cut)
+            return part, shard(model_config, full(), group.rank, group.world)[1]
+        self.artifacts = self._stored_shard(model_config, dtype, group.rank, group.world, full)
         try:
             return part, load_weights(self.artifacts.folder / WEIGHTS_FILE, part, self.device, dtype)
         except (OSError, ValueError) as exc:
             raise RunnerError(f"compile_cache.sharded_weights: rank {group.rank}'s shard: {exc}") from exc
 
     def _stored_shard(self, model_config: LlamaConfig, dtype: torch.dtype, rank: int, world: int,
-                      cut: Callable[[], LlamaWeights]) -> Artifacts:
+                      full: Callable[[], LlamaWeights]) -> Artifacts:
         """Rank `rank`'s shard in the compile-artifact cache (the TP degree, the rank and the split's layout are in
-        its key), `cut()` and stored where it is missing."""
+        its key), cut from `full()` and stored where it is missing."""
         shape = {"format": SHARD_FORMAT, "device": self.device.type, "dtype": str(dtype).removeprefix("torch."),
                  "architecture": dataclasses.asdict(model_config),
                  "tensor_parallel": {"degree": world, "rank": rank, "layout": TP_LAYOUT}}
         try:
-            return prepare_artifacts(self.config, self.model_path, "torch", torch.__version__, shape,
-                                     lambda folder: save_weights(folder / WEIGHTS_FILE, cut()))
+            return prepare_artifacts(
+                self.config, self.model_path, "torch", torch.__version__, shape,
+                lambda folder: save_weights(folder / WEIGHTS_FILE, shard(model_config, full(), rank, world)[1]))
         except ArtifactsError as exc:
             raise RunnerError(f"compile_cache.sharded_weights: rank {rank}'s shard: {exc}") from exc
 
@@ -221,16 +223,9 @@ class TorchReferenceRunner(ModelRunner):
             return None
         model_config = read_config(self.model_path, cfg.max_model_len)
         dtype = resolve_dtype(cfg.dtype, self.device)
-        full: list[LlamaWeights] = []  # read once, and only when some rank's shard is missing
-
-        def cut_of(rank: int) -> Callable[[], LlamaWeights]:
-            def cut() -> LlamaWeights:
-                if not full:
-                    full.append(build_weights(model_config, read_tensors(self.model_path), self.device, dtype))
-                return shard(model_config, full[0], rank, world)[1]
-            return cut
-
-        stored = [self._stored_shard(model_config, dtype, rank, world, cut_of(rank)) for rank in range(world)]
+        # read once, and only when some rank's shard is missing from the store
+        full = functools.cache(functools.partial(self._checkpoint_weights, model_config, dtype))
+        stored = [self._stored_shard(model_config, dtype, rank, world, full) for rank in range(world)]
         self.artifacts = stored[0]
         return self.artifacts
 
