@@ -90,6 +90,12 @@ def _secret_env(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
+def efa_devices(target: Target, role: Role) -> int:
+    """EFA devices the pod of `role` requests: a multi-node group's serving pods only (the compile Job compiles
+    alone)."""
+    return 0 if role == "compile" else target.resolved.efa_per_pod
+
+
 def _env(target: Target, role: Role) -> list[dict[str, Any]]:
     env = []
     if target.spec.server.api_key_secret_ref is not None:
@@ -101,7 +107,7 @@ def _env(target: Target, role: Role) -> list[dict[str, Any]]:
     env += [{"name": runtime_env.CACHE, "value": CACHE_DIR},
             {"name": "HOME", "value": "/tmp"},
             {"name": runtime_env.NEURON_COMPILE_CACHE_URL, "value": NEURON_COMPILE_CACHE}]
-    if target.resolved.efa_per_pod and role != "compile":  # the Job compiles alone, without EFA (runtime_resources)
+    if efa_devices(target, role):
         env += [{"name": name, "value": value} for name, value in EFA_ENV.items()]
     return env
 
@@ -127,11 +133,11 @@ def resources(target: Target, defaults: Mapping[str, str], extra: Mapping[str, s
 
 
 def runtime_resources(target: Target, role: Role) -> dict[str, Any]:
-    """The runtime container's: default requests, the device plugin's resource or the DRA claim, and a multi-node
-    group's EFA devices (not the compile Job's: it compiles alone)."""
+    """The runtime container's: default requests, the device plugin's resource or the DRA claim, and its EFA
+    devices (`efa_devices`)."""
     extra = dict(target.resolved.neuron_resources)
-    if target.resolved.efa_per_pod and role != "compile":
-        extra[devices.EFA_RESOURCE] = str(target.resolved.efa_per_pod)
+    if efa := efa_devices(target, role):
+        extra[devices.EFA_RESOURCE] = str(efa)
     out = resources(target, sizing.default_requests(target), extra)
     if dra.uses_dra(target):
         out["claims"] = [{"name": dra.CLAIM}]
