@@ -1,5 +1,6 @@
 """The chart's RBAC is the operator's one rules file (rbac/operator-rules.yaml), exactly: cluster-wide by default,
-per watched namespace otherwise; kopf's peering objects only with peering; never anything on Secrets."""
+per watched namespace otherwise; kopf's peering objects only with peering; never anything on Secrets; and the write
+guard (templates/rbac/write-guard.yaml) over every child kind."""
 
 from __future__ import annotations
 
@@ -65,3 +66,28 @@ def test_rbac_create_false_renders_no_rbac(tmp_path):
     docs = objects(out.stdout)
     assert sorted(doc["kind"] for doc in docs) == ["Deployment"]
     assert find_one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+def test_the_write_guard_covers_every_kind_the_operator_may_delete_and_only_its_service_account(rendered):
+    """Every child kind (a rule with `delete`) is under the guard, so a new child kind cannot slip past it; the
+    NeuronModels and Events the operator writes but did not make are not."""
+    policy = find_one(rendered["defaults"], "ValidatingAdmissionPolicy")
+    guarded = {(group, resource) for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]}
+    deletable = {(group, resource) for rule in RULES["namespaced"] if "delete" in rule["verbs"]
+                 for group in rule["apiGroups"] for resource in rule["resources"]}
+    assert guarded == deletable and ("apps", "deployments") in guarded and ("", "configmaps") in guarded
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:{chart_sync.NAMESPACE}:neuronmodel-operator"')
+    binding = find_one(rendered["defaults"], "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
+def test_the_write_guard_can_be_turned_off(tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text("rbac: {writeGuard: {enabled: false}}\n")
+    out = chart_sync.render(values)
+    assert out.returncode == 0, out.stderr
+    kinds = {doc["kind"] for doc in objects(out.stdout)}
+    assert "ClusterRole" in kinds and not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}

@@ -97,7 +97,8 @@ def test_default_deployment(rendered):
         "NEURONMODEL_OPERATOR_ALLOW_HOST_PATH": "false",
     }
     kinds = sorted(doc["kind"] for doc in rendered["defaults"])
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 
 
 def test_hpa_metric_env_is_the_operators():

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -174,7 +175,8 @@ def neuronmodel_crd(install_crds) -> Path:
 
 @pytest.fixture(scope="session")
 def operator_rbac(control_plane, admin_client, wait_until) -> ServiceAccountAccess:
-    """The operator's ServiceAccount bound to exactly rbac/operator-rules.yaml (cluster-wide) and nothing else."""
+    """The operator's ServiceAccount bound to exactly rbac/operator-rules.yaml (cluster-wide) and nothing else, under
+    the chart's write guard (templates/rbac/write-guard.yaml): every operator test shows it needs no more."""
     import yaml
 
     rules = yaml.safe_load(RBAC_RULES.read_text())
@@ -196,8 +198,39 @@ def operator_rbac(control_plane, admin_client, wait_until) -> ServiceAccountAcce
         name, namespace, {"spec": {"audiences": [], "expirationSeconds": 7200}}).status.token
     kubeconfig = control_plane.data_dir / "operator.kubeconfig"
     control_plane.write_kubeconfig(kubeconfig, token)
-    return ServiceAccountAccess(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)), token,
-                                kubeconfig)
+    access = ServiceAccountAccess(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)), token,
+                                  kubeconfig)
+    install_write_guard(control_plane, access, namespace, name, wait_until)
+    return access
+
+
+def write_guard_manifests(namespace: str, service_account: str) -> str:
+    """The chart's write guard (a ValidatingAdmissionPolicy and its binding) for this ServiceAccount, as Helm
+    renders it."""
+    return subprocess.run(
+        [str(install.bin_dir() / "helm"), "template", "neuronmodel", str(ROOT / "charts" / "neuronmodel-operator"),
+         "--namespace", namespace, "--set", f"serviceAccount.name={service_account}",
+         "--show-only", "templates/rbac/write-guard.yaml"],
+        capture_output=True, text=True, check=True).stdout
+
+
+def install_write_guard(plane, access: ServiceAccountAccess, namespace: str, service_account: str,
+                        wait_until) -> None:
+    """Apply the write guard; return once the API server enforces it (a dry-run write in kube-system, which RBAC
+    allows the operator, is refused): policies take effect asynchronously."""
+    plane.kubectl("apply", "--server-side", "--field-manager=neuronmodel-tests", "-f", "-",
+                  stdin=write_guard_manifests(namespace, service_account))
+    core = kube.CoreV1Api(access.client)
+
+    def refused() -> bool:
+        try:
+            core.create_namespaced_config_map("kube-system", {"metadata": {"generateName": "guard-probe-"}},
+                                              dry_run="All")
+        except kube.ApiException as exc:
+            return exc.status == 403 and "write-guard" in (exc.body or "")
+        return False
+
+    wait_until("the operator's write guard enforced", refused)
 
 
 @pytest.fixture(scope="session")

@@ -228,8 +228,12 @@ def test_a_spec_cel_cannot_catch_fails_once_without_a_hot_loop(api):
 
 def test_unschedulable_pods_are_explained(api):
     api.apply(neuronmodel("nowhere", {**TINY_SPEC, "nodeSelector": {"example.com/no-such-node": "true"}}))
-    body = api.phase("nowhere", "Pending")
-    ready = next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
+    api.phase("nowhere", "Pending")
+
+    def ready_condition():  # Pending says "Scheduling" until the scheduler has tried the pod once
+        ready = next(c for c in api.get("nowhere")["status"]["conditions"] if c["type"] == "Ready")
+        return ready if ready["reason"] != "Scheduling" else None
+    ready = api.wait_until("the scheduler's verdict", ready_condition, 30)
     assert ready["reason"] == "Unschedulable" and "node" in ready["message"]
     # the Warning Event follows the status patch (the operator posts it after the status it explains)
     api.wait_until("an Unschedulable Warning Event", lambda: any(e.reason == "Unschedulable" and e.type == "Warning"
