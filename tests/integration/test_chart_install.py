@@ -462,7 +462,8 @@ def test_rendered_chart_is_accepted_by_the_apiserver(case, chart_crds, control_p
     objects = helm.template("nmdry", namespace, values)
     # no -n: the chart names each object's namespace (the release's, or a watched one's), as `kubectl apply -f` of a
     # rendered chart (GitOps) needs; an object without one would land in the kubeconfig's default namespace
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "CustomResourceDefinition"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "CustomResourceDefinition",
+                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     assert all(o["metadata"].get("namespace") for o in objects if o["kind"] not in cluster_scoped), \
         [f"{o['kind']}/{o['metadata']['name']}" for o in objects if not o["metadata"].get("namespace")]
     applied = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", stdin=manifest_text(objects),
