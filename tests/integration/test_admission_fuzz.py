@@ -159,3 +159,15 @@ def test_generated_models_are_refused_with_a_message_or_reconciled_calmly(api, o
         tail = log.read()
     assert "Traceback" not in tail, tail[tail.index("Traceback") - 2000:][:6000]
     assert not re.search(r"reconcile of \S+ failed \(an error in the operator\)", tail), tail[-6000:]
+
+
+def test_an_admitted_spec_the_children_cannot_hold_fails_once_with_the_reason(api):
+    """Found by the fuzzing: the CRD admits a node path over the pod's own /tmp; only building the pod refuses it.
+    It was an exception in the operator, retried with backoff forever, and the status never said why."""
+    api.apply(neuronmodel("over-tmp", {**BASE, "model": {"source": "/tmp"}}))
+    body = api.phase("over-tmp", "Failed", timeout=30)
+    ready = next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "InvalidSpec" and "/tmp would be mounted over the pod's own /tmp" in ready["message"]
+    time.sleep(5)  # longer than the first retries' backoff: a retry loop would post more
+    assert [e.reason for e in api.events("over-tmp") if e.type == "Warning"] == ["InvalidSpec"]
+    assert api.deployment("over-tmp") is None
