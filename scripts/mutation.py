@@ -511,6 +511,12 @@ MUTATIONS += [
         "tnx multi-node: NEURON_LOCAL_TP not checked against TP / nodes", "runners/neuron_tnx.py",
         "if local != str(tp // nodes):", "if False:", TNX_RANKS,
     ),
+    Mutation(
+        "reconcile: a SpecError found while building the children left to the handler (no status, retried forever)",
+        "reconcile.py", "except api.SpecError as exc:  # found only once the children are built",
+        "except NotImplementedError as exc:  # found only once the children are built",
+        RECONCILE + ("-k", "spec_error_fails"), package=OPERATOR,
+    ),
 ]
 
 #: Runs pytest in the copy after checking that the copy (and the mutated text) is what gets imported.

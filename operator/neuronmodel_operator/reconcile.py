@@ -169,8 +169,7 @@ class Reconcile:
         try:
             target = self._target(body)
         except api.SpecError as exc:
-            self._write_status(body, None, None, str(exc), None, None, [], held=False)
-            return Outcome(spec_error=str(exc))
+            return self._refuse(body, exc)
         except revisions.HubUnavailable as exc:
             log.warning("%s/%s: %s", namespace, name, exc)
             return Outcome(child_error=str(exc))  # retried with backoff; nothing is changed meanwhile
@@ -180,6 +179,8 @@ class Reconcile:
             if changed is not None and not resolved.compile_job and not switching:
                 return self._refresh(body, target, changed)
             return self._apply(body, target, cleanup or switching)
+        except api.SpecError as exc:  # found only once the children are built: two sources at one path, say
+            return self._refuse(body, exc)
         except ApiError as exc:
             if exc.retryable:
                 raise
@@ -188,6 +189,11 @@ class Reconcile:
             message = f"the API server refused a child of this NeuronModel: {exc.message}"
             self._write_status(body, resolved, target, message, None, None, [], held=False)
             return Outcome(child_error=message)
+
+    def _refuse(self, body: dict, exc: api.SpecError) -> Outcome:
+        """A spec the operator cannot serve: the Failed status says why; no retry until the spec changes."""
+        self._write_status(body, None, None, str(exc), None, None, [], held=False)
+        return Outcome(spec_error=str(exc))
 
     def _target(self, body: dict) -> Target:
         """The Target of `body`, its hf:// sources pinned to commits: the ones recorded in the status are reused,

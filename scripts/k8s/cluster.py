@@ -104,6 +104,7 @@ class ControlPlane:
         self.admin_token = ""
         self._die_with_parent = False
         self._children: dict[int, subprocess.Popen] = {}
+        self._commands: dict[str, tuple[tuple[str, ...], dict[str, str] | None]] = {}  # name -> how _spawn ran it
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self, die_with_parent: bool = False) -> float:
@@ -145,6 +146,42 @@ class ControlPlane:
             self._reap(pid)
         if remove:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def restart(self, *names: str) -> None:
+        """Stop the named components (last named first: `restart("etcd", "kube-apiserver")` takes the API server
+        down before its store) and start them again with the same flags, ports and data, first named first; return
+        once the API server is ready. What a node reboot or a control-plane upgrade does to its clients."""
+        pids = self._pids()
+        for name in reversed(names):
+            pid, binary = pids[name]
+            if _alive(pid) and _same_binary(pid, binary):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while _alive(pid) and time.monotonic() < deadline:
+                self._reap(pid)
+                time.sleep(0.1)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                while _alive(pid):
+                    self._reap(pid)
+                    time.sleep(0.1)
+        for name in names:
+            args, env = self._commands[name]
+            self._spawn(name, *args, env=env)
+        self._wait("kube-apiserver", lambda: self.get("/readyz")[0] == 200)
+
+    @contextlib.contextmanager
+    def paused(self, name: str):
+        """SIGSTOP the component for the block, SIGCONT after: kwok paused is a kubelet that reports nothing (a pod
+        stays as the test leaves it). Keep it short: paused kwok renews no node Lease (40 s)."""
+        pid, binary = self._pids()[name]
+        if not _same_binary(pid, binary):
+            raise RuntimeError(f"{name} (pid {pid}) is not running")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     # --- for tests ---------------------------------------------------------------------------------
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -278,7 +315,8 @@ class ControlPlane:
 
     def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         binary = str(install.bin_dir() / name)
-        with open(self.data_dir / "logs" / f"{name}.log", "wb") as log:
+        self._commands[name] = (args, env)
+        with open(self.data_dir / "logs" / f"{name}.log", "ab") as log:  # a restart appends
             proc = subprocess.Popen([binary, *args], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     env={**os.environ, **(env or {})}, start_new_session=True,
                                     preexec_fn=_die_with_parent if self._die_with_parent else None)

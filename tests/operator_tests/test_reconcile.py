@@ -426,12 +426,19 @@ def test_a_same_key_change_rolls_at_once(kube, reconcile):
 # --- bad specs, API errors -----------------------------------------------------------------------------------
 
 BAD = {"model": {"source": "/m"}, "framework": "nxdi", "parallelism": {"tensorParallelDegree": 128}, "replicas": 1}
+#: Specs the CRD admits that only building the children refuses (found by tests/integration/test_admission_fuzz.py:
+#: they were an exception in the operator, retried with backoff forever, with no status).
+BUILT_BAD = (({**TORCH, "model": {"source": "/tmp"}}, "spec.model.source: /tmp would be mounted over"),
+             ({**TORCH, "speculation": {"mode": "draft", "draftModel": TORCH["model"]}},
+              "two sources are both mounted at"))
 
 
-def test_spec_error_fails_with_one_warning_and_no_children(kube, reconcile):
-    kube.put(body(BAD))
+@pytest.mark.parametrize("spec,message", ((BAD, "spec.parallelism"), *BUILT_BAD),
+                         ids=["resolve", "model-over-tmp", "draft-at-the-model-path"])
+def test_spec_error_fails_with_one_warning_and_no_children(kube, reconcile, spec, message):
+    kube.put(body(spec))
     outcome = reconcile(NS, NAME, cleanup=True)
-    assert outcome.spec_error and "spec.parallelism" in outcome.spec_error
+    assert outcome.spec_error and message in outcome.spec_error
     assert kube.children() == {}
     status = kube.model()["status"]
     assert status["phase"] == "Failed"
