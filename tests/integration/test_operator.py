@@ -194,22 +194,6 @@ def test_delete_never_hangs_while_the_operator_is_down(api, operator, wait_until
         operator.start()
 
 
-def test_killed_mid_reconcile_converges_without_duplicates(api, operator, wait_until):
-    names = [f"crash-{i}" for i in range(12)]
-    for name in names:
-        api.apply(neuronmodel(name, TINY_SPEC))
-    time.sleep(1.0)  # some reconciled, some not, some halfway
-    operator.kill()
-    operator.start()
-    for name in names:
-        api.phase(name, "Ready", timeout=120)
-    deployments = [d.metadata.name for d in api.apps.list_namespaced_deployment(api.ns).items]
-    assert sorted(deployments) == sorted(names)
-    assert len(api.core.list_namespaced_service(api.ns).items) == len(names)
-    assert len(api.core.list_namespaced_config_map(
-        api.ns, label_selector="app.kubernetes.io/managed-by=neuronmodel-operator").items) == len(names)
-
-
 def test_a_spec_cel_cannot_catch_fails_once_without_a_hot_loop(api):
     # TP 256 on one node passes CEL when no instanceType is given; no Neuron instance holds it.
     api.apply(neuronmodel("huge", {"model": {"source": "hf://org/huge"}, "framework": "nxdi", "replicas": 1,
