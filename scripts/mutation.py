@@ -58,6 +58,8 @@ SHARDED = ("tests/runtime_tests/distributed/test_sharded_weights.py", "-k", "rea
 NXDI_HOSTS = NXDI_RUNNER + ("-k", "each_host")
 TNX_RANKS = ("tests/runtime_tests/runners/test_tnx_runner.py", "-k", "rank_variables")
 NEURON_GROUP = ("tests/runtime_tests/distributed/test_neuron_ranks.py", "-k", "two_nxdi_hosts")
+REQUEST_LIMITS = ("tests/runtime_tests/server/test_request_limits.py",)
+FUZZ = ("tests/runtime_tests/server/test_fuzz.py",)
 
 
 @dataclass(frozen=True)
@@ -516,6 +518,28 @@ MUTATIONS += [
         "reconcile.py", "except api.SpecError as exc:  # found only once the children are built",
         "except NotImplementedError as exc:  # found only once the children are built",
         RECONCILE + ("-k", "spec_error_fails"), package=OPERATOR,
+    ),
+    Mutation(
+        "body limit: a chunked body's bytes not counted (no Content-Length, no limit)", "server/limits.py",
+        "if size > self.max_bytes:", "if False:", REQUEST_LIMITS + ("-k", "chunked"),
+    ),
+    Mutation(
+        "body limit: Content-Length not checked (the server waits for a gigabyte before refusing it)",
+        "server/limits.py", "if declared is not None and declared > self.max_bytes:", "if False:",
+        REQUEST_LIMITS + ("-k", "declared_length"),
+    ),
+    Mutation(
+        "request limits: the stop count not checked", "server/limits.py",
+        "if len(stop) > limits.max_stop_sequences:", "if False:", REQUEST_LIMITS + ("-k", "over_its_limit"),
+    ),
+    Mutation(
+        "protocol: a lone surrogate accepted as text (the tokenizer fails: a 500)", "server/protocol.py",
+        'text.encode("utf-8")', 'text.encode("utf-8", "surrogatepass")', FUZZ + ("-k", "surrogate"),
+    ),
+    Mutation(
+        "errors: invalid requests answered with FastAPI's 422 body, not OpenAI's error", "server/errors.py",
+        "app.add_exception_handler(RequestValidationError, _on_validation_error)", "pass",
+        FUZZ + ("-k", "generated_requests"),
     ),
 ]
 

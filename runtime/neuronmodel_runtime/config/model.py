@@ -136,6 +136,19 @@ class ServerConfig(_Strict):
     served_model_name: Optional[str] = Field(
         None, description="Name served in /v1/models and required in requests; null = the model folder's name."
     )
+    max_request_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted, in bytes (its Content-Length, or what a chunked body has sent so "
+        "far); a larger one is answered 413 before it is parsed.",
+    )
+    max_stop_sequences: int = Field(16, ge=1, le=1024, description="Most strings a request's `stop` may hold.")
+    max_stop_length: int = Field(
+        256, ge=1, le=65536, description="Longest string in a request's `stop`, in characters."
+    )
+    max_logit_bias: int = Field(
+        1024, ge=1, le=MAX_TOKENS, description="Most entries a request's `logit_bias` may hold."
+    )
 
 
 class RuntimeConfig(_Strict):

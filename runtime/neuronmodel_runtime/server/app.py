@@ -24,6 +24,7 @@ from neuronmodel_runtime.config import RuntimeConfig
 from neuronmodel_runtime.server import routes_chat, routes_completions, routes_health, routes_models
 from neuronmodel_runtime.server.auth import PROTECTED_PREFIX, APIKeyMiddleware
 from neuronmodel_runtime.server.errors import error_responses, install_error_handlers
+from neuronmodel_runtime.server.limits import BodySizeLimitMiddleware
 from neuronmodel_runtime.server.metrics import Metrics
 from neuronmodel_runtime.server.protocol import ChatCompletionChunk
 from neuronmodel_runtime.server.serving import Serving
@@ -63,6 +64,7 @@ def create_app(engine: Any, config: RuntimeConfig) -> FastAPI:
     protected = config.server.api_key is not None
     if protected:
         app.add_middleware(APIKeyMiddleware, api_key=config.server.api_key.get_secret_value())
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.server.max_request_bytes)  # added last: outermost
     for module in (routes_completions, routes_chat, routes_models):  # all under /v1/
         app.include_router(module.router, responses=error_responses(401) if protected else None)
     app.include_router(routes_health.router)

@@ -27,6 +27,7 @@ _MEANINGS = {
     400: "Invalid request: `param` names the field, `message` says what is accepted.",
     401: "Missing or invalid API key: send `Authorization: Bearer <key>`.",
     404: "The model does not exist on this server (`code`: model_not_found).",
+    413: "The request body is larger than server.max_request_bytes (`code`: request_too_large).",
     429: "The waiting queue is full (`code`: queue_full): retry after `Retry-After` seconds.",
     500: "The engine failed on this request (`code`: engine_error); the server keeps serving others.",
     503: "Not accepting requests: loading, draining for shutdown (`code`: draining), or the engine stopped.",

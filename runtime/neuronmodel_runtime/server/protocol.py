@@ -11,12 +11,26 @@ loaded runner's capabilities and capacity, with a message that names the field.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 #: int64, like OpenAI's `seed`.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+
+
+def _unicode(text: str) -> str:
+    """JSON can carry a lone UTF-16 surrogate ("\\ud800"), which is no character: the tokenizer cannot encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"must be valid Unicode text; it holds a lone surrogate {text[exc.start]!r} at index "
+                         f"{exc.start}") from None
+    return text
+
+
+#: Text that reaches the tokenizer or the chat template.
+Text = Annotated[str, AfterValidator(_unicode)]
 
 
 #: Fields accepted and ignored: they do not change the output (OpenAI's end-user id and bookkeeping).
@@ -147,7 +161,7 @@ class _GenerationRequest(_Request):
 
 class CompletionRequest(_GenerationRequest):
     #: A string, a list of token ids, or a batch of either (one set of `n` choices per prompt).
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[Text, list[Text], list[int], list[list[int]]]
     max_tokens: int = 16
     #: Top logprobs per token (0..20); needs on-device sampling off.
     logprobs: Optional[int] = None
@@ -169,14 +183,14 @@ class CompletionRequest(_GenerationRequest):
 
 class TextPart(_Request):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     #: A string or a list of text parts (images and audio are not supported).
-    content: Union[str, list[TextPart]] = ""
-    name: Optional[str] = None
+    content: Union[Text, list[TextPart]] = ""
+    name: Optional[Text] = None
 
     @property
     def text(self) -> str:

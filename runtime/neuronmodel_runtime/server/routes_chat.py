@@ -26,7 +26,7 @@ _STREAM = {
 @router.post(
     "/v1/chat/completions",
     response_model=ChatCompletionResponse,
-    responses={200: _STREAM, **error_responses(400, 404, 429, 500, 503)},
+    responses={200: _STREAM, **error_responses(400, 404, 413, 429, 500, 503)},
 )
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     """Answer a conversation rendered with the model's chat template; `stream: true` answers with SSE chunks."""

@@ -25,7 +25,7 @@ _STREAM = {
 @router.post(
     "/v1/completions",
     response_model=CompletionResponse,
-    responses={200: _STREAM, **error_responses(400, 404, 429, 500, 503)},
+    responses={200: _STREAM, **error_responses(400, 404, 413, 429, 500, 503)},
 )
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     """Complete a prompt (text, token ids, or a batch of either); `stream: true` answers with SSE chunks."""

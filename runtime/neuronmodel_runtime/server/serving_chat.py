@@ -12,6 +12,7 @@ from neuronmodel_runtime.engine.outputs import RequestOutput
 from neuronmodel_runtime.server.tokenizer import chat_prompt_ids, token_bytes, token_text
 from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.errors import invalid
+from neuronmodel_runtime.server.limits import check_request_size
 from neuronmodel_runtime.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -38,6 +39,7 @@ class ChatServing:
         """
         serving = self.serving
         serving.check_model(req.model)
+        check_request_size(req, serving.config.server)
         if req.top_logprobs is not None and not req.logprobs:
             raise invalid("top_logprobs", "top_logprobs requires logprobs: true")
         use_mct = req.max_completion_tokens is not None

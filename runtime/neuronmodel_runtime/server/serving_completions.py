@@ -11,6 +11,7 @@ from neuronmodel_runtime.engine.outputs import RequestOutput
 from neuronmodel_runtime.server.tokenizer import token_text
 from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.errors import invalid
+from neuronmodel_runtime.server.limits import check_request_size
 from neuronmodel_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from neuronmodel_runtime.server.serving import Generation, Serving, SSEStream
 
@@ -28,6 +29,7 @@ class CompletionServing:
         """
         serving = self.serving
         serving.check_model(req.model)
+        check_request_size(req, serving.config.server)
         params = serving.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs)
         if req.echo and req.logprobs is not None:
             raise invalid("echo", "echo with logprobs needs prompt logprobs, which this server does not compute")

@@ -142,13 +142,15 @@ async def asgi_client(config: Optional[RuntimeConfig] = None, delay: float = 0.0
 
 
 @contextmanager
-def live_server(config: Optional[RuntimeConfig] = None, delay: float = 0.0) -> Iterator[tuple[str, Any, Any]]:
-    """(base URL, app, DrainingServer): a real uvicorn server on a free port, run on a background thread."""
+def live_server(config: Optional[RuntimeConfig] = None, delay: float = 0.0,
+                engine: Optional[AsyncEngine] = None) -> Iterator[tuple[str, Any, Any]]:
+    """(base URL, app, DrainingServer): a real uvicorn server on a free port, run on a background thread, around
+    `engine` (default: the EchoRunner's, `make_engine(config, delay)`)."""
     from neuronmodel_runtime.server.app import create_app
     from neuronmodel_runtime.server.drain import build_server
 
     config = config or make_config()
-    app = create_app(make_engine(config, delay), config)
+    app = create_app(engine or make_engine(config, delay), config)
     server = build_server(app, config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -22,8 +22,8 @@ ROUTES = {
 }
 #: path -> (request body schema, 200 JSON schema, error statuses besides 401).
 CONTRACT = {
-    "/v1/completions": ("CompletionRequest", "CompletionResponse", {400, 404, 429, 500, 503}),
-    "/v1/chat/completions": ("ChatCompletionRequest", "ChatCompletionResponse", {400, 404, 429, 500, 503}),
+    "/v1/completions": ("CompletionRequest", "CompletionResponse", {400, 404, 413, 429, 500, 503}),
+    "/v1/chat/completions": ("ChatCompletionRequest", "ChatCompletionResponse", {400, 404, 413, 429, 500, 503}),
     "/v1/models": (None, "ModelList", set()),
     "/v1/models/{model}": (None, "ModelCard", {404}),
     "/v1/info": (None, "ServerInfo", set()),
