@@ -89,6 +89,7 @@ def greedy_client(tiny_server) -> Iterator[GreedyClient]:
     client.stop()
 
 
+@pytest.mark.slow  # the main suite only (.venv312's fast suite skips it: a minute of CI)
 @schema.parametrize()
 @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @seed(25)
@@ -102,6 +103,7 @@ def test_generated_requests_never_get_a_5xx_and_every_4xx_is_an_openai_error(cas
         assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
 
 
+@pytest.mark.slow
 def test_the_fuzzing_sent_enough_requests_and_a_greedy_client_kept_its_text(greedy_client, reference_text):
     operations = {f"{method.upper()} {path}" for path, item in DOCUMENT["paths"].items() for method in item}
     assert operations <= {operation for operation, _ in sent}, "every operation is fuzzed"
