@@ -62,7 +62,8 @@ def lock_lines(entries: list[dict]) -> list[str]:
 
 
 def lock_text(target: str, entries: list[dict]) -> str:
-    return (f"# The {target} image's lock (scripts/images/lock.py): pip's resolution of {' '.join(requirements(target, Path('.')))}\n"
+    resolved = " ".join(requirements(target, Path(".")))
+    return (f"# The {target} image's lock (scripts/images/lock.py): pip's resolution of {resolved}\n"
             f"# for CPython {wheelhouse.PYTHON_VERSION} on manylinux x86_64, installed --require-hashes --no-deps.\n"
             f"# Regenerate: {REGENERATE}\n" + "\n".join(lock_lines(entries)) + "\n")
 

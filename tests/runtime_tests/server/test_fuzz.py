@@ -109,7 +109,8 @@ def test_the_fuzzing_sent_enough_requests_and_a_greedy_client_kept_its_text(gree
     assert operations <= {operation for operation, _ in sent}, "every operation is fuzzed"
     assert len(sent) >= MIN_CASES, f"only {len(sent)} generated requests"
     served = [operation for operation, status in sent if status == 200 and operation.startswith("POST")]
-    assert len(served) >= 100, f"only {len(served)} generated generation requests were served: too few to test the runner"
+    assert len(served) >= 100, \
+        f"only {len(served)} generated generation requests were served: too few to test the runner"
     answers = greedy_client.stop()
     assert answers, "the greedy client sent nothing"
     for status, body in answers:
