@@ -520,6 +520,11 @@ MUTATIONS += [
         RECONCILE + ("-k", "spec_error_fails"), package=OPERATOR,
     ),
     Mutation(
+        "reconcile: a pruned ReplicaSet's runtime ConfigMap kept (no sweep on its watch event)", "reconcile.py",
+        "if any(live is None and key[0] in REVISION_HOLDERS", "if False and any(live is None",
+        RECONCILE + ("-k", "kept_while_used"), package=OPERATOR,
+    ),
+    Mutation(
         "body limit: a chunked body's bytes not counted (no Content-Length, no limit)", "server/limits.py",
         "if size > self.max_bytes:", "if False:", REQUEST_LIMITS + ("-k", "chunked"),
     ),

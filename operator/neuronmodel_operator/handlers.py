@@ -55,11 +55,11 @@ NAMESPACE_TERMINATING = "because it is being terminated"
 Key = tuple[str, str]  # (namespace, name) of a NeuronModel
 #: Children whose events re-run their owner's reconcile: (group, version, plural).
 CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("", "v1", "pods"), ("apps", "v1", "deployments"),
-            ("batch", "v1", "jobs"), ("policy", "v1", "poddisruptionbudgets"),
+            ("apps", "v1", "replicasets"), ("batch", "v1", "jobs"), ("policy", "v1", "poddisruptionbudgets"),
             ("autoscaling", "v2", "horizontalpodautoscalers"), ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
             ("resource.k8s.io", "v1", "resourceclaimtemplates"))  # kopf watches only the APIs the cluster serves
 _KINDS = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod", "deployments": "Deployment",
-          "jobs": "Job", "poddisruptionbudgets": "PodDisruptionBudget",
+          "replicasets": "ReplicaSet", "jobs": "Job", "poddisruptionbudgets": "PodDisruptionBudget",
           "horizontalpodautoscalers": "HorizontalPodAutoscaler", "leaderworkersets": "LeaderWorkerSet",
           "resourceclaimtemplates": "ResourceClaimTemplate"}
 OURS = {api.LABEL_MANAGED_BY: api.OPERATOR_NAME, api.LABEL_NAME: kopf.PRESENT}

@@ -51,6 +51,9 @@ CHILD_KINDS = ("ConfigMap", "Job", "Deployment", "LeaderWorkerSet", "Service", "
                "HorizontalPodAutoscaler", "ResourceClaimTemplate")
 #: Children named by their content that pods of older revisions may still use: deleted only once none does.
 REFERENCED_KINDS = ("ConfigMap", "ResourceClaimTemplate")
+#: What holds an old revision's references: when one is deleted (the Deployment controller prunes ReplicaSets past
+#: revisionHistoryLimit long after the last reconcile; an old pod ends), what only it used can go.
+REVISION_HOLDERS = ("ReplicaSet", "Pod")
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 #: Children that follow the side that serves while a model changes workload kind.
 FOLLOW_THE_SERVING_SIDE = ("Service", "HorizontalPodAutoscaler")
@@ -258,7 +261,7 @@ class Reconcile:
                 keep |= {(_kind(leaving), workload_name(leaving))}
                 if (config := builders.serving_configmap_name(leaving)) is not None:  # none for engine vllm
                     keep.add(("ConfigMap", config))
-            self._delete_stale(target, keep, full=cleanup)
+            self._delete_stale(target, keep, CHILD_KINDS if cleanup else ("Job", *REFERENCED_KINDS))
         hpa = next((obj for (kind, _), obj in applied.items() if kind == "HorizontalPodAutoscaler"), None)
         self._remember_hpa(target, hpa)
         if not _awaiting_controller(workload):
@@ -325,7 +328,8 @@ class Reconcile:
                              "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
 
     def _refresh(self, body: dict, target: Target, changed: Changes) -> Outcome:
-        """Restore the changed children that drifted; the status when the workload, the HPA or a pod changed."""
+        """Restore the changed children that drifted; the status when the workload, the HPA or a pod changed; the
+        runtime ConfigMaps no revision uses any more when a ReplicaSet or pod is gone."""
         desired = {(m["kind"], m["metadata"]["name"]): m for m in builders.serving_children(target)}
         workload_key = (_kind(target), workload_name(target))
         workload, status_changed = None, False
@@ -339,6 +343,8 @@ class Reconcile:
             if key[0] == "HorizontalPodAutoscaler":
                 self._remember_hpa(target, live)
             status_changed |= key[0] in ("Pod", "HorizontalPodAutoscaler")
+        if any(live is None and key[0] in REVISION_HOLDERS for key, live in changed.items()):
+            self._delete_stale(target, set(desired), REFERENCED_KINDS)
         if status_changed:
             if workload is None:
                 workload = self.kube.get(workload_key[0], target.namespace, workload_key[1])
@@ -401,14 +407,14 @@ class Reconcile:
                      (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_COMPILE_KEY)
                      == target.resolved.compile_key), None)
 
-    def _delete_stale(self, target: Target, keep: set, full: bool) -> None:
-        """Children with our label that the current spec does not want. Without `full`, only compile leftovers
-        (superseded Jobs too: a running one of an older template, too small for the compile say, is replaced).
+    def _delete_stale(self, target: Target, keep: set, kinds: Iterable[str]) -> None:
+        """Children of `kinds` with our label that the current spec does not want (compile leftovers: superseded
+        Jobs too, a running one of an older template, too small for the compile say, is replaced).
         Spared: a runtime ConfigMap that a ReplicaSet, StatefulSet or pod of the model still refers to (an old pod
         restarting mid-rollout reads it)."""
         selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
         in_use: Optional[set[tuple[str, str]]] = None
-        for kind in CHILD_KINDS if full else ("Job", "ConfigMap", "ResourceClaimTemplate"):
+        for kind in kinds:
             for child in self.kube.list(kind, target.namespace, selector):
                 meta = child["metadata"]
                 owned = any(ref.get("uid") == target.uid for ref in meta.get("ownerReferences") or [])

@@ -241,9 +241,10 @@ def hub_mirror() -> HubMirror:
     mirror.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def operator(neuronmodel_crd, operator_rbac, control_plane, hub_mirror) -> OperatorProcess:
-    """The operator, running for the whole session (tests that stop it start it again)."""
+    """The operator, running for one test module (tests that stop it start it again): an operator left running
+    would reconcile the NeuronModels of later modules that test the API server alone (test_kubectl_ux.py)."""
     process = OperatorProcess(operator_rbac.kubeconfig, control_plane.data_dir / "logs" / "operator.log",
                               TEST_IMAGE, "--verbose", env={"HF_ENDPOINT": hub_mirror.url})
     process.start(timeout=60)

@@ -118,6 +118,19 @@ def test_a_tight_loop_of_edits_converges_to_the_last_spec(api, operator):
     # spec writes only (status writes go on while the last rollout finishes): a fight or a hot loop bumps it
     quiet_for(api, lambda: api.deployment("churn").metadata.generation)
 
+    def unused_configs() -> set[str]:
+        """The model's runtime ConfigMaps that no ReplicaSet the Deployment keeps (its revision history) mounts."""
+        selector = f"{MANAGED},neuronmodel.dev/name=churn"
+        used = {mounted_config_map(rs) for rs in api.apps.list_namespaced_replica_set(api.ns, label_selector=selector)
+                .items}
+        return {c.metadata.name for c in api.core.list_namespaced_config_map(api.ns, label_selector=selector).items
+                if c.metadata.name.startswith("churn-runtime-")} - used
+
+    # The Deployment controller prunes the old ReplicaSets after the rollout, when no reconcile runs: their
+    # ConfigMaps are swept on those ReplicaSets' watch events.
+    api.wait_until("only the runtime ConfigMaps of kept revisions", lambda: not unused_configs(), 60,
+                   lambda: f"unused: {sorted(unused_configs())}")
+
 
 def test_a_second_field_manager_keeps_its_own_fields_and_loses_the_operators(api):
     api.apply(neuronmodel("shared", TINY_SPEC))
