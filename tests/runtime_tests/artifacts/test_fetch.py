@@ -412,6 +412,26 @@ def test_s3_corrupt_download_is_refused(bucket, tmp_path, faults):
     assert_fetched(dest, bucket.files, bucket.url)
 
 
+def test_s3_fetch_into_a_full_volume(bucket, small_volume):
+    """A volume without room for the weights: one line naming DEST, 'no space left' and the fix, exit 2, and no DEST
+    (a partial download is never a model folder); given room, the next run resumes and DEST holds the files byte
+    for byte."""
+    volume = small_volume("models", 2 * MiB)  # the weights are 6 MiB
+    dest = volume.folder / "model"
+    result = subprocess.run(volume.command("fetch", bucket.url, str(dest)), env=volume.env(bucket.env),
+                            capture_output=True, text=True, timeout=60)
+    line = error_line(result)
+    assert f"{bucket.url}: no space left on device writing {dest}: free space on that volume or make it larger, " \
+           f"then run fetch again (the files it finished stay in {dest}.partial" in line, volume.mode
+    assert not dest.exists() and "model.safetensors" not in recorded(volume.folder)
+    volume.grow(16 * MiB)
+    again = subprocess.run(volume.command("fetch", bucket.url, str(dest)), env=volume.env(bucket.env),
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert "model.safetensors: resuming at byte " in again.stderr  # the bytes that fitted, checked by the MD5
+    assert_fetched(dest, bucket.files, bucket.url)
+
+
 def test_s3_errors(bucket, tmp_path):
     dest = str(tmp_path / "model")
     line = error_line(run_fetch(f"s3://no-such-bucket-{bucket.name}/llama", dest, env=bucket.env))
