@@ -113,8 +113,10 @@ def no_space(exc: BaseException) -> Optional[OSError]:
 
 
 def no_space_message(folder: str | Path, error: OSError) -> str:
-    """'no space left ...' naming `folder` (and the file when the error names one) and the fix."""
-    where = f"{folder} ({error.filename})" if error.filename else str(folder)
+    """'no space left ...' naming `folder` (and the file written when the error names it: a copy's error names its
+    source first, its destination second) and the fix."""
+    written = error.filename2 or error.filename
+    where = f"{folder} ({written})" if written else str(folder)
     return f"no space left on device writing {where}: free space on that volume or make it larger"
 
 
