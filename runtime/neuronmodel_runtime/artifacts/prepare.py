@@ -149,6 +149,10 @@ def prepare(store: Optional[ArtifactStore], key: ArtifactKey, local: Path, polic
             if hit:
                 log.info("artifact key %s was compiled by another while this one waited %.1f s", key.digest, waited)
                 return Outcome(key.digest, True, False, "store", fetch_s=fetch_s, lock_wait_s=waited)
+            unfinished = store.unfinished(key)  # under the lock: no live writer; it died before its manifest
+            if unfinished:
+                log.warning("%s: entry %s holds %d files but no manifest (a store that never finished); a miss: "
+                            "compiling it again", store.url, key.digest, len(unfinished))
         compile_s = _compile_into(local, key, compile)
         start = time.monotonic()
         store.put(key, local, {"compile_s": compile_s})

@@ -315,6 +315,13 @@ class ArtifactStore(abc.ABC):
             return None
         return manifest
 
+    def unfinished(self, key: ArtifactKey) -> list[str]:
+        """The files of the key's entry when it has no manifest: what a `put` that never finished left (its writer
+        died, or the store ran out of space and could not remove them); empty when there is a manifest."""
+        if self._read(f"{key.digest}/{MANIFEST}") is not None:
+            return []
+        return self._list(key.digest)
+
     def fetch(self, key: ArtifactKey, dest: Path) -> bool:
         """Download the entry into `dest` (replacing it), each file checked against the manifest's size and sha256.
         False (a miss; a WARNING names the file) when there is no complete entry or a file is missing or differs."""

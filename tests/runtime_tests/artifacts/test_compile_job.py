@@ -68,3 +68,40 @@ def test_the_cli_compiles_into_the_store_once_then_hits(monkeypatch, tmp_path, c
     assert cli.main([*argv, "--compile-cache-policy", "Always"]) == 0 and model_base.COMPILES == 2
     assert cli.main([*argv, "--compile-cache-policy", "Never"]) == 2
     assert "is Never, which never compiles" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["corrupt file", "no manifest"])
+def test_a_damaged_store_entry_is_ignored_with_a_warning_compiled_and_stored_again(monkeypatch, tmp_path, capsys,
+                                                                                   caplog, damage):
+    """A new pod's start-up path (the CLI, prepare_artifacts, the store): an entry with a file that does not verify,
+    or whose writer died before its manifest, is a miss with a WARNING naming the entry; the key is compiled again
+    and its entry stored again, so the pod after it fetches a good one."""
+    monkeypatch.setenv("NEURONMODEL_CACHE", str(tmp_path / "cache"))
+    install_nxdi(monkeypatch, "0.9.17334", tmp_path / "site")
+    from neuronx_distributed_inference.models import model_base
+
+    argv = ["compile", "--model", str(TARGET), "--framework", "nxdi", "--max-num-seqs", "2", "--max-model-len", "64",
+            "--max-context-length", "32", "--compile-cache-url", str(tmp_path / "pvc")]
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    entry = tmp_path / "pvc" / first["key"]
+    victim = sorted(p for p in entry.rglob("*") if p.is_file() and p.name != "manifest.json")[0]
+    if damage == "corrupt file":
+        victim.write_bytes(victim.read_bytes() + b"!")
+    else:
+        (entry / "manifest.json").unlink()
+    for pod in ("second", "third"):
+        shutil.rmtree(first["folder"])  # a new pod: nothing local
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="neuronmodel_runtime.artifacts"):
+            assert cli.main(argv) == 0
+        summary = json.loads(capsys.readouterr().out)
+        warnings = "\n".join(r.getMessage() for r in caplog.records
+                              if r.name.startswith("neuronmodel_runtime.artifacts") and r.levelname == "WARNING")
+        if pod == "second":
+            assert (summary["compiled"], summary["hit"]) == (True, False) and model_base.COMPILES == 2
+            assert first["key"] in warnings and "a miss" in warnings
+            assert (victim.relative_to(entry).as_posix() if damage == "corrupt file" else "no manifest") in warnings
+        else:
+            assert (summary["hit"], summary["source"]) == (True, "store") and model_base.COMPILES == 2
+            assert warnings == ""
