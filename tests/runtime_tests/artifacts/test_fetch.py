@@ -531,6 +531,22 @@ def test_hf_already_fetched_makes_no_request(hub, tmp_path):
     assert other.returncode == 0 and "already fetched" not in other.stderr  # another revision is fetched
 
 
+def test_hf_fetch_into_a_full_volume(hub, tmp_path, small_volume):
+    """As for S3 (test_s3_fetch_into_a_full_volume), through huggingface_hub's own downloads."""
+    volume = small_volume("models", 4 * MiB)  # the weights are 12 MiB
+    dest, env = volume.folder / "model", volume.env(hub_env(hub, tmp_path))
+    result = subprocess.run(volume.command("fetch", f"hf://{HUB_REPO}", str(dest)), env=env, capture_output=True,
+                            text=True, timeout=60)
+    line = error_line(result)
+    assert f"hf://{HUB_REPO} (revision main): no space left on device writing {dest}" in line, volume.mode
+    assert "free space on that volume or make it larger, then run fetch again" in line and not dest.exists()
+    volume.grow(32 * MiB)
+    again = subprocess.run(volume.command("fetch", f"hf://{HUB_REPO}", str(dest)), env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert_fetched(dest, served(hub), f"hf://{HUB_REPO}")
+
+
 def test_hf_connection_cut_midway_resumes_with_a_range(hub, tmp_path):
     """A dropped connection is resumed from the bytes already there (huggingface_hub 2.x keeps them in 10 MiB
     chunks; 0.x resumes its .incomplete file when fetch retries the file)."""
