@@ -167,6 +167,7 @@ def test_a_killed_worker_ends_the_leader_and_a_killed_leader_ends_the_worker():
         assert seen[len(seen) - len(lost):] == lost, "once unready, never ready again"
         assert all(probe == (503, 200, "not_ready", 503) for probe in lost), \
             f"unready (readiness 503, new requests 503) while alive (liveness 200: it exits by itself): {lost}"
+        assert all(probe[3] in (500, 503) for probe in seen), f"a request answered without its group: {seen}"
     with two_pods() as (url, leader, worker):
         assert complete(url, "def add(a, b):")
         started = time.monotonic()
