@@ -105,3 +105,21 @@ def test_a_damaged_store_entry_is_ignored_with_a_warning_compiled_and_stored_aga
         else:
             assert (summary["hit"], summary["source"]) == (True, "store") and model_base.COMPILES == 2
             assert warnings == ""
+
+
+def test_a_compile_that_fills_the_local_volume_fails_with_one_line(monkeypatch, tmp_path, capsys, small_volume):
+    """The compile Job's folder on a full volume: exit 1 (the Job may retry once there is room), one line naming
+    the folder, 'no space left' and the fix; the store gets no entry and keeps no lock, nothing is left staged."""
+    volume = small_volume("cache", 4096)  # one page: the compiled files need more
+    monkeypatch.setenv("NEURONMODEL_CACHE", str(volume.folder))
+    install_nxdi(monkeypatch, "0.9.17334", tmp_path / "site")
+    argv = ["compile", "--model", str(TARGET), "--framework", "nxdi", "--max-num-seqs", "2", "--max-model-len", "64",
+            "--max-context-length", "32", "--compile-cache-url", str(tmp_path / "pvc")]
+    assert cli.main(argv) == 1
+    out = capsys.readouterr()
+    line = out.err.strip().splitlines()[-1]
+    assert out.out == "" and line.startswith("neuronmodel-runtime compile: compile_cache: compiling artifact key "), line
+    assert f"no space left on device writing {volume.folder}/compiled/" in line, (volume.mode, line)
+    assert "free space on that volume or make it larger, or point $NEURON_COMPILED_ARTIFACTS" in line
+    assert [p for p in (volume.folder / "compiled").rglob("*") if p.is_file()] == []  # (digests/ is a memo)
+    assert [p.name for p in (tmp_path / "pvc").rglob("*") if p.is_file()] == []
