@@ -96,7 +96,8 @@ def test_missing_weights(tmp_path):
 def test_missing_config(tmp_path):
     model = broken_copy(tmp_path, lambda m: (m / "config.json").unlink())
     line = serve_fails(model)
-    assert f"no Hugging Face model folder (config.json) at {model}; check `model`" in line
+    assert f"no Hugging Face model folder (config.json) at {model}; the folder holds other files: re-download or " \
+           "re-convert the model, or check `model`" in line
 
 
 def test_corrupt_config(tmp_path):
