@@ -393,7 +393,6 @@ class ArtifactStore(abc.ABC):
         log.info("%s: stored entry %s (%d files, %d bytes)", self.url, key.digest, len(entries), manifest.total_bytes)
         return manifest
 
-
     def _discard(self, digest: str) -> None:
         """Remove what a failed `put` wrote of the entry (never a hit without its manifest; this gives the space
         back), as far as the store lets it."""
