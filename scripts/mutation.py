@@ -60,6 +60,11 @@ TNX_RANKS = ("tests/runtime_tests/runners/test_tnx_runner.py", "-k", "rank_varia
 NEURON_GROUP = ("tests/runtime_tests/distributed/test_neuron_ranks.py", "-k", "two_nxdi_hosts")
 REQUEST_LIMITS = ("tests/runtime_tests/server/test_request_limits.py",)
 FUZZ = ("tests/runtime_tests/server/test_fuzz.py",)
+MODEL_FILES = ("tests/runtime_tests/test_model_files.py",)
+FETCH_FULL = ("tests/runtime_tests/artifacts/test_fetch.py", "-k", "full_volume")
+STORE_FULL = ("tests/runtime_tests/artifacts/test_store.py", "-k", "full or fills")
+DAMAGED_ENTRY = ("tests/runtime_tests/artifacts/test_compile_job.py", "-k", "damaged_store_entry")
+GROUP_KILLED = ("tests/runtime_tests/distributed/test_group_processes.py", "-k", "killed")
 
 
 @dataclass(frozen=True)
@@ -251,6 +256,49 @@ MUTATIONS = [
         "handlers: retries at a fixed delay (no exponential backoff)", "handlers.py",
         "delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (max(attempt, 1) - 1))", "delay = RETRY_BASE_S",
         HANDLERS, OPERATOR,
+    ),
+    Mutation(
+        "checkpoint: a damaged safetensors file reported without its path and the fix", "runners/checkpoint.py",
+        "        except SafetensorError as exc:\n", "        except NotImplementedError as exc:\n",
+        MODEL_FILES + ("-k", "damaged_weights"),
+    ),
+    Mutation(
+        "tokenizer: a folder without tokenizer files reported as transformers' own error", "server/tokenizer.py",
+        "        if not files:\n", "        if False:\n",
+        MODEL_FILES + ("-k", "tokenizer"),
+    ),
+    Mutation(
+        "fetch: a full volume is a bare OSError traceback", "fetch.py",
+        "            full = no_space(exc)\n", "            full = None\n",
+        FETCH_FULL,
+    ),
+    Mutation(
+        "store: a put that fills the store leaves its partial entry", "artifacts/store.py",
+        "            self._discard(key.digest)\n", "",
+        STORE_FULL,
+    ),
+    Mutation(
+        "store: a fetch into a full folder is a bare OSError", "artifacts/store.py",
+        "            return self._fetch_into(key, manifest, dest)\n        except Exception as exc:",
+        "            return self._fetch_into(key, manifest, dest)\n        except NotImplementedError as exc:",
+        STORE_FULL,
+    ),
+    Mutation(
+        "prepare: a compile that fills its volume is a bare OSError", "artifacts/prepare.py",
+        "            return took\n    except Exception as exc:", "            return took\n    except NotImplementedError as exc:",
+        STORE_FULL,
+    ),
+    Mutation(
+        "prepare: an entry whose writer died before its manifest is recompiled without a warning",
+        "artifacts/prepare.py",
+        "            if unfinished:\n", "            if False:\n",
+        DAMAGED_ENTRY,
+    ),
+    Mutation(
+        "cli: a leader whose group is lost stays ready until it exits", "cli.py",
+        "        for served in served_by:\n            served.stop_accepting()\n",
+        "        for served in served_by:\n            pass\n",
+        GROUP_KILLED,
     ),
 ]
 

@@ -135,7 +135,12 @@ def model_folder(config: RuntimeConfig) -> Path:
 def model_path_of(config: RuntimeConfig) -> Path:
     path = model_folder(config)
     if not (path / "config.json").is_file():
-        hint = "run `make default-model` (scripts/fetch_default_model.py)" if not config.model else "check `model`"
+        if not config.model:
+            hint = "run `make default-model` (scripts/fetch_default_model.py)"
+        elif path.is_dir() and any(path.iterdir()):
+            hint = "the folder holds other files: re-download or re-convert the model, or check `model`"
+        else:
+            hint = "check `model`"
         raise ConfigError(f"model: no Hugging Face model folder (config.json) at {path}; {hint}")
     return path
 

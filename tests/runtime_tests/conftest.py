@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
+
+if TYPE_CHECKING:
+    from runtime_tests.helpers.full_disk import SmallVolume
 
 
 @pytest.fixture(scope="session")
@@ -90,3 +93,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def small_volume(tmp_path: Path) -> Iterator[Callable[[str, int], "SmallVolume"]]:
+    """Factory: (name, size) -> a folder under tmp_path with room for `size` bytes (helpers/full_disk.py: a real
+    tmpfs where this process may mount one, else ENOSPC injected at Python's file writes); undone at the end."""
+    from runtime_tests.helpers.full_disk import SmallVolume
+
+    volumes: list[SmallVolume] = []
+
+    def make(name: str, size: int) -> SmallVolume:
+        volumes.append(SmallVolume(tmp_path / name, size))
+        return volumes[-1]
+
+    yield make
+    for volume in reversed(volumes):
+        volume.close()

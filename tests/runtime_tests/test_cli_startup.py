@@ -127,7 +127,7 @@ def test_corrupt_weights_file(capsys, tmp_path):
     model = copy_model(TINY / "target", tmp_path / "corrupt")
     (model / "model.safetensors").write_bytes(b"not a safetensors file")
     err = start_error(capsys, "selftest", "--model", str(model))
-    assert f"cannot load model {model}: " in err and "--log-level DEBUG shows the traceback" in err
+    assert f"{model / 'model.safetensors'}: not a complete safetensors file" in err
 
 
 def test_a_group_that_cannot_form_stops_at_start_naming_the_variable(capsys, monkeypatch):

@@ -19,6 +19,7 @@ alone. `locked(path)` serialises builders of one folder across processes (an flo
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -98,6 +99,25 @@ def scan_files(src: Path) -> list[tuple[str, Path]]:
                 continue
             found.append((rel, path))
     return sorted(found)
+
+
+def no_space(exc: BaseException) -> Optional[OSError]:
+    """The OSError of a full volume (ENOSPC) or a reached quota (EDQUOT) that `exc` is or was raised from, else None.
+    A write's OSError names no file: the caller names the folder it was writing."""
+    seen: Optional[BaseException] = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def no_space_message(folder: str | Path, error: OSError) -> str:
+    """'no space left ...' naming `folder` (and the file written when the error names it: a copy's error names its
+    source first, its destination second) and the fix."""
+    written = error.filename2 or error.filename
+    where = f"{folder} ({written})" if written else str(folder)
+    return f"no space left on device writing {where}: free space on that volume or make it larger"
 
 
 # --- work folders ----------------------------------------------------------------------------------------------------
@@ -222,5 +242,5 @@ def locked(lock: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-__all__ = ["ARTIFACTS_MARKER", "FETCH_MARKER", "has_files", "install", "locked", "read_json", "scan_files", "staging",
-           "stays_inside", "sweep", "write_json"]
+__all__ = ["ARTIFACTS_MARKER", "FETCH_MARKER", "has_files", "install", "locked", "no_space", "no_space_message",
+           "read_json", "scan_files", "staging", "stays_inside", "sweep", "write_json"]

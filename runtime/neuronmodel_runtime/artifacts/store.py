@@ -33,7 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from neuronmodel_runtime.artifacts.folder import ARTIFACTS_MARKER, install, scan_files, staging, stays_inside
+from neuronmodel_runtime.artifacts.folder import (ARTIFACTS_MARKER, install, no_space, no_space_message, scan_files,
+                                                  staging, stays_inside)
 from neuronmodel_runtime.artifacts.key import ArtifactKey, write_marker
 
 log = logging.getLogger(__name__)
@@ -314,12 +315,29 @@ class ArtifactStore(abc.ABC):
             return None
         return manifest
 
+    def unfinished(self, key: ArtifactKey) -> list[str]:
+        """The files of the key's entry when it has no manifest: what a `put` that never finished left (its writer
+        died, or the store ran out of space and could not remove them); empty when there is a manifest."""
+        if self._read(f"{key.digest}/{MANIFEST}") is not None:
+            return []
+        return self._list(key.digest)
+
     def fetch(self, key: ArtifactKey, dest: Path) -> bool:
         """Download the entry into `dest` (replacing it), each file checked against the manifest's size and sha256.
         False (a miss; a WARNING names the file) when there is no complete entry or a file is missing or differs."""
         manifest, dest = self.lookup(key), Path(dest)
         if manifest is None:
             return False
+        try:
+            return self._fetch_into(key, manifest, dest)
+        except Exception as exc:
+            full = no_space(exc)
+            if full is None:
+                raise
+            raise CacheError(f"{self.url}: fetching entry {key.digest}: {no_space_message(dest, full)} (nothing was "
+                             "installed; the next start fetches it again)") from exc
+
+    def _fetch_into(self, key: ArtifactKey, manifest: Manifest, dest: Path) -> bool:
         with staging(dest) as building:
             def get(entry: FileEntry) -> Optional[str]:
                 target = building / entry.path
@@ -356,16 +374,31 @@ class ArtifactStore(abc.ABC):
                              "that name)")
         entries = tuple(FileEntry(rel, *_sha256(path)) for rel, path in files)
         self._delete(f"{key.digest}/{MANIFEST}")  # an entry being replaced stops being a hit first
-        _parallel(lambda item: self._upload(item[1], f"{key.digest}/{item[0]}"), files, self.workers)
-        kept = {e.path for e in entries} | {MANIFEST}
-        for stale in self._list(key.digest):
-            if stale not in kept:
-                self._delete(f"{key.digest}/{stale}")
         manifest = Manifest(key.digest, key.inputs, entries, dict(timings), _now_iso(),
                             f"{socket.gethostname()}/{os.getpid()}")
-        self._write(f"{key.digest}/{MANIFEST}", manifest.to_json())
+        try:
+            _parallel(lambda item: self._upload(item[1], f"{key.digest}/{item[0]}"), files, self.workers)
+            kept = {e.path for e in entries} | {MANIFEST}
+            for stale in self._list(key.digest):
+                if stale not in kept:
+                    self._delete(f"{key.digest}/{stale}")
+            self._write(f"{key.digest}/{MANIFEST}", manifest.to_json())
+        except Exception as exc:
+            self._discard(key.digest)
+            full = no_space(exc)
+            if full is None:
+                raise
+            raise CacheError(f"{self.url}: storing entry {key.digest}: {no_space_message(self.url, full)} (the "
+                             "partial entry was removed)") from exc
         log.info("%s: stored entry %s (%d files, %d bytes)", self.url, key.digest, len(entries), manifest.total_bytes)
         return manifest
+
+    def _discard(self, digest: str) -> None:
+        """Remove what a failed `put` wrote of the entry (never a hit without its manifest; this gives the space
+        back), as far as the store lets it."""
+        with contextlib.suppress(CacheError, OSError):
+            for name in self._list(digest):
+                self._delete(f"{digest}/{name}")
 
 
 class FileStore(ArtifactStore):

@@ -135,7 +135,7 @@ def _weight_files(model_dir: Path) -> list[Path]:
 
 def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint, by name, on the CPU in its stored dtype."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     tensors: dict[str, torch.Tensor] = {}
     files = _weight_files(model_dir)
@@ -143,9 +143,13 @@ def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
         if not path.exists():
             raise RunnerError(f"{path}: shard listed in model.safetensors.index.json is missing")
         log.info("loading weights %d/%d: %s (%.0f MB)", number, len(files), path.name, path.stat().st_size / 2**20)
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                tensors[name] = f.get_tensor(name)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        except SafetensorError as exc:
+            raise RunnerError(f"{path}: not a complete safetensors file ({exc}): a download or conversion cut short, "
+                              "or a damaged disk; re-download or re-convert the model") from None
     return tensors
 
 

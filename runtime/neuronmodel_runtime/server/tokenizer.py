@@ -9,12 +9,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from neuronmodel_runtime.config import ConfigError
+
+
+#: A model folder's tokenizer files: a fast tokenizer's, or those a slow one is converted from (sentencepiece,
+#: byte-level BPE's vocabulary, tiktoken's ranks).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "*.tiktoken")
+
 
 def load_tokenizer(model_path: str | Path) -> Any:
-    """The Hugging Face tokenizer of a model folder (local files only: no hub access in a pod)."""
+    """The Hugging Face tokenizer of a model folder (local files only: no hub access in a pod).
+
+    Raises:
+        ConfigError: one line naming the folder's tokenizer files (or their absence) and the fix; transformers'
+            own messages name neither.
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
+    except Exception as exc:
+        files = sorted(str(path) for pattern in TOKENIZER_FILES for path in Path(model_path).glob(pattern))
+        if not files:
+            raise ConfigError(f"model: {model_path} has no tokenizer (no {', '.join(TOKENIZER_FILES)}): copy the "
+                              "model's tokenizer files into it, or re-download the model") from exc
+        raise ConfigError(f"model: cannot load the tokenizer from {', '.join(files)} ({type(exc).__name__}: {exc}); "
+                          "re-download or re-convert the model") from exc
 
 
 def eos_token_ids(model_path: str | Path, tokenizer: Any) -> set[int]:

@@ -68,3 +68,58 @@ def test_the_cli_compiles_into_the_store_once_then_hits(monkeypatch, tmp_path, c
     assert cli.main([*argv, "--compile-cache-policy", "Always"]) == 0 and model_base.COMPILES == 2
     assert cli.main([*argv, "--compile-cache-policy", "Never"]) == 2
     assert "is Never, which never compiles" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["corrupt file", "no manifest"])
+def test_a_damaged_store_entry_is_ignored_with_a_warning_compiled_and_stored_again(monkeypatch, tmp_path, capsys,
+                                                                                   caplog, damage):
+    """A new pod's start-up path (the CLI, prepare_artifacts, the store): an entry with a file that does not verify,
+    or whose writer died before its manifest, is a miss with a WARNING naming the entry; the key is compiled again
+    and its entry stored again, so the pod after it fetches a good one."""
+    monkeypatch.setenv("NEURONMODEL_CACHE", str(tmp_path / "cache"))
+    install_nxdi(monkeypatch, "0.9.17334", tmp_path / "site")
+    from neuronx_distributed_inference.models import model_base
+
+    argv = ["compile", "--model", str(TARGET), "--framework", "nxdi", "--max-num-seqs", "2", "--max-model-len", "64",
+            "--max-context-length", "32", "--compile-cache-url", str(tmp_path / "pvc")]
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    entry = tmp_path / "pvc" / first["key"]
+    victim = sorted(p for p in entry.rglob("*") if p.is_file() and p.name != "manifest.json")[0]
+    if damage == "corrupt file":
+        victim.write_bytes(victim.read_bytes() + b"!")
+    else:
+        (entry / "manifest.json").unlink()
+    for pod in ("second", "third"):
+        shutil.rmtree(first["folder"])  # a new pod: nothing local
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="neuronmodel_runtime.artifacts"):
+            assert cli.main(argv) == 0
+        summary = json.loads(capsys.readouterr().out)
+        warnings = "\n".join(r.getMessage() for r in caplog.records
+                              if r.name.startswith("neuronmodel_runtime.artifacts") and r.levelname == "WARNING")
+        if pod == "second":
+            assert (summary["compiled"], summary["hit"]) == (True, False) and model_base.COMPILES == 2
+            assert first["key"] in warnings and "a miss" in warnings
+            assert (victim.relative_to(entry).as_posix() if damage == "corrupt file" else "no manifest") in warnings
+        else:
+            assert (summary["hit"], summary["source"]) == (True, "store") and model_base.COMPILES == 2
+            assert warnings == ""
+
+
+def test_a_compile_that_fills_the_local_volume_fails_with_one_line(monkeypatch, tmp_path, capsys, small_volume):
+    """The compile Job's folder on a full volume: exit 1 (the Job may retry once there is room), one line naming
+    the folder, 'no space left' and the fix; the store gets no entry and keeps no lock, nothing is left staged."""
+    volume = small_volume("cache", 4096)  # one page: the compiled files need more
+    monkeypatch.setenv("NEURONMODEL_CACHE", str(volume.folder))
+    install_nxdi(monkeypatch, "0.9.17334", tmp_path / "site")
+    argv = ["compile", "--model", str(TARGET), "--framework", "nxdi", "--max-num-seqs", "2", "--max-model-len", "64",
+            "--max-context-length", "32", "--compile-cache-url", str(tmp_path / "pvc")]
+    assert cli.main(argv) == 1
+    out = capsys.readouterr()
+    line = out.err.strip().splitlines()[-1]
+    assert out.out == "" and line.startswith("neuronmodel-runtime compile: compile_cache: compiling artifact key "), line
+    assert f"no space left on device writing {volume.folder}/compiled/" in line, (volume.mode, line)
+    assert "free space on that volume or make it larger, or point $NEURON_COMPILED_ARTIFACTS" in line
+    assert [p for p in (volume.folder / "compiled").rglob("*") if p.is_file()] == []  # (digests/ is a memo)
+    assert [p.name for p in (tmp_path / "pvc").rglob("*") if p.is_file()] == []

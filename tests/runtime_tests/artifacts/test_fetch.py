@@ -412,6 +412,26 @@ def test_s3_corrupt_download_is_refused(bucket, tmp_path, faults):
     assert_fetched(dest, bucket.files, bucket.url)
 
 
+def test_s3_fetch_into_a_full_volume(bucket, small_volume):
+    """A volume without room for the weights: one line naming DEST, 'no space left' and the fix, exit 2, and no DEST
+    (a partial download is never a model folder); given room, the next run resumes and DEST holds the files byte
+    for byte."""
+    volume = small_volume("models", 2 * MiB)  # the weights are 6 MiB
+    dest = volume.folder / "model"
+    result = subprocess.run(volume.command("fetch", bucket.url, str(dest)), env=volume.env(bucket.env),
+                            capture_output=True, text=True, timeout=60)
+    line = error_line(result)
+    assert f"{bucket.url}: no space left on device writing {dest}: free space on that volume or make it larger, " \
+           f"then run fetch again (the files it finished stay in {dest}.partial" in line, volume.mode
+    assert not dest.exists() and "model.safetensors" not in recorded(volume.folder)
+    volume.grow(16 * MiB)
+    again = subprocess.run(volume.command("fetch", bucket.url, str(dest)), env=volume.env(bucket.env),
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert "model.safetensors: resuming at byte " in again.stderr  # the bytes that fitted, checked by the MD5
+    assert_fetched(dest, bucket.files, bucket.url)
+
+
 def test_s3_errors(bucket, tmp_path):
     dest = str(tmp_path / "model")
     line = error_line(run_fetch(f"s3://no-such-bucket-{bucket.name}/llama", dest, env=bucket.env))
@@ -509,6 +529,22 @@ def test_hf_already_fetched_makes_no_request(hub, tmp_path):
     assert len(hub.requests) == before
     other = run_fetch(f"hf://{HUB_REPO}", str(dest), "--revision", hub.commit, env=hub_env(hub, tmp_path))
     assert other.returncode == 0 and "already fetched" not in other.stderr  # another revision is fetched
+
+
+def test_hf_fetch_into_a_full_volume(hub, tmp_path, small_volume):
+    """As for S3 (test_s3_fetch_into_a_full_volume), through huggingface_hub's own downloads."""
+    volume = small_volume("models", 4 * MiB)  # the weights are 12 MiB
+    dest, env = volume.folder / "model", volume.env(hub_env(hub, tmp_path))
+    result = subprocess.run(volume.command("fetch", f"hf://{HUB_REPO}", str(dest)), env=env, capture_output=True,
+                            text=True, timeout=60)
+    line = error_line(result)
+    assert f"hf://{HUB_REPO} (revision main): no space left on device writing {dest}" in line, volume.mode
+    assert "free space on that volume or make it larger, then run fetch again" in line and not dest.exists()
+    volume.grow(32 * MiB)
+    again = subprocess.run(volume.command("fetch", f"hf://{HUB_REPO}", str(dest)), env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert_fetched(dest, served(hub), f"hf://{HUB_REPO}")
 
 
 def test_hf_connection_cut_midway_resumes_with_a_range(hub, tmp_path):

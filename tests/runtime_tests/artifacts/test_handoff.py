@@ -156,6 +156,35 @@ def test_a_corrupt_entry_is_a_miss_never_a_wrong_folder(tmp_path, capsys, key_en
     assert code == 2 and keys.ARTIFACTS_MISSING in err and not (tmp_path / "pod").exists()
 
 
+def _no_space_line(err: str, folder: Path) -> None:
+    (line,) = err.strip().splitlines()
+    assert line.startswith("neuronmodel-runtime: ") and f"no space left on device writing {folder}" in line, line
+    assert "free space on that volume or make it larger" in line, line
+
+
+def test_a_full_volume_fails_the_container_with_one_line_and_keeps_nothing_half_written(tmp_path, capsys, key_env,
+                                                                                        small_volume):
+    """`store` into a full PVC store and `fetch` into a full engine folder: exit 2 and one line (the termination
+    message) naming the folder, 'no space left' and the fix; no entry, no folder; with room, both work."""
+    compiled = _compiled(tmp_path / "job-vllm", "n" * 300_000)
+    pvc = small_volume("pvc", 100_000)
+    code, out, err = _run(capsys, "store", str(compiled), "--store", str(pvc.folder))
+    assert code == 2 and out == ""
+    _no_space_line(err, pvc.folder)
+    assert [p.name for p in pvc.folder.rglob("*") if p.is_file()] == []
+    pvc.grow(1_000_000)
+    assert _run(capsys, "store", str(compiled), "--store", str(pvc.folder))[0] == 0
+    pod = small_volume("pod", 100_000)
+    code, out, err = _run(capsys, "fetch", str(pod.folder / "vllm"), "--store", str(pvc.folder), "--required")
+    assert code == 2 and out == ""
+    _no_space_line(err, pod.folder / "vllm")
+    assert list(pod.folder.iterdir()) == []
+    pod.grow(1_000_000)
+    assert _run(capsys, "fetch", str(pod.folder / "vllm"), "--store", str(pvc.folder), "--required")[0] == 0
+    assert _files(pod.folder / "vllm") == {**_files(compiled), ARTIFACTS_MARKER: _files(pod.folder / "vllm")[
+        ARTIFACTS_MARKER]}
+
+
 def test_another_key_is_another_entry(tmp_path, capsys, key_env, monkeypatch):
     store = str(tmp_path / "store")
     _run(capsys, "store", str(_compiled(tmp_path / "a")), "--store", store)

@@ -494,6 +494,63 @@ def test_concurrent_prepare_compiles_once_processes(store_url, tmp_path):
     assert all((tmp_path / f"pod{i}" / "graph.neff").read_bytes() == b"neff" * 1000 for i in range(3))
 
 
+# --- a full volume (helpers/full_disk.py: a real tmpfs where mounts work, else ENOSPC at Python's writes) ------------
+
+def assert_no_space(message: str, start: str, folder, end: str) -> None:
+    """`message` is `start`, 'no space left on device writing FOLDER' (the file after it where the OS named one:
+    inside FOLDER, or beside it while staged), the fix, then `end`."""
+    pattern = (re.escape(f"{start}no space left on device writing {folder}") + rf"( \({re.escape(str(folder))}\S*\))?"
+               + re.escape(": free space on that volume or make it larger") + re.escape(end))
+    assert re.fullmatch(pattern, message), message
+
+def test_a_full_store_volume_keeps_no_half_written_entry(small_volume, tmp_path):
+    """A PVC store that fills mid-put: a CacheError naming the store, 'no space left' and the fix; no entry (never a
+    hit), and what it wrote is removed; given room, the same put stores an entry that fetches byte for byte."""
+    volume = small_volume("pvc", 120_000)  # the tree is 253 KB
+    store, key = FileStore(volume.folder / "cache"), artifact_key(INPUTS)
+    files = make_tree(tmp_path / "src")
+    with pytest.raises(CacheError) as caught:
+        store.put(key, tmp_path / "src", {"compile_s": 1.0})
+    assert_no_space(str(caught.value), f"{store.url}: storing entry {key.digest}: ", store.url,
+                    " (the partial entry was removed)")
+    assert store.lookup(key) is None and store._list(key.digest) == []
+    volume.grow(1_000_000)
+    store.put(key, tmp_path / "src", {"compile_s": 1.0})
+    assert store.fetch(key, tmp_path / "dest") and read_tree(tmp_path / "dest") == files
+
+
+def test_a_full_local_volume_installs_nothing(store, small_volume, tmp_path):
+    """A pod's artifacts folder on a volume without room for the entry: fetch raises (prepare does not compile into
+    the same full volume instead), the folder that was there stays complete, no staging folder is left; given
+    room, prepare fetches the entry."""
+    key = artifact_key(INPUTS)
+    files = stored(store, tmp_path, key)
+    volume = small_volume("local", 400_000)
+    dest, before = volume.folder / "artifacts", artifact_key({**INPUTS, "tp_degree": 16})
+    old = make_tree(dest, b"o")  # the artifacts of the pod's previous spec
+    write_marker(dest, before, "compiled")
+    with pytest.raises(CacheError) as caught:
+        prepare(store, key, dest, "IfNotCached", lambda f: pytest.fail("compiled into a full volume"), poll_s=0.05)
+    assert_no_space(str(caught.value), f"{store.url}: fetching entry {key.digest}: ", dest,
+                    " (nothing was installed; the next start fetches it again)")
+    assert read_tree(dest) == old and is_prepared(dest, before) and leftovers(dest) == []
+    volume.grow(1_000_000)
+    assert prepare(store, key, dest, "Never", lambda f: pytest.fail("compiled")).source == "store"
+    assert read_tree(dest) == files
+
+
+def test_a_compile_that_fills_its_volume_leaves_nothing(store, small_volume):
+    volume = small_volume("local", 120_000)
+    local, key = volume.folder / "artifacts", artifact_key(INPUTS)
+    with pytest.raises(CacheError) as caught:
+        prepare(store, key, local, "IfNotCached", make_tree, poll_s=0.05)
+    assert_no_space(str(caught.value), f"compiling artifact key {key.digest}: ", local,
+                    ", or point $NEURON_COMPILED_ARTIFACTS (or NEURONMODEL_CACHE) at a larger one")
+    assert not local.exists() and leftovers(local) == [] and store.lookup(key) is None
+    with store.lock(key, wait_s=0):  # released
+        pass
+
+
 # --- locks -----------------------------------------------------------------------------------------------------------
 
 def test_lock_timeout_names_key_and_holder(store):

@@ -2,7 +2,8 @@
 worker, started with LeaderWorkerSet's variables as two pods would be, or one `serve` that starts its host's
 second rank itself) answers token for token as one process does: greedy, with per-request seeds, with
 concurrent requests, with speculation. Killing the worker ends the leader (status 3) and killing the leader ends
-the worker, within seconds; neither hangs."""
+the worker, within seconds; neither hangs. Between the loss and its exit the leader is unready: /ready and new
+requests answer 503 while /health stays 200 (its process and step loop live; it exits by itself)."""
 
 from __future__ import annotations
 
@@ -136,12 +137,37 @@ def test_one_pod_of_two_ranks_speculates_as_one_process_decodes(single_answers):
             assert answers(url, at_once=True) == single_answers["greedy"], speculation
 
 
+def probes_until_exit(url: str, proc: subprocess.Popen, timeout: float = 15.0) -> list[tuple[int, int, str, int]]:
+    """(/ready status, /health status, /ready's error code, a new completion's status) every few milliseconds until
+    `proc` exits; a probe that cannot connect (the process is going) ends the list."""
+    seen, deadline = [], time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            ready = httpx.get(url + "/ready", timeout=2)
+            health = httpx.get(url + "/health", timeout=2)
+            request = httpx.post(url + "/v1/completions", json={"model": "target", "prompt": "x", "max_tokens": 1},
+                                 timeout=5)
+        except httpx.HTTPError:
+            break
+        code = ready.json()["error"].get("code", "") if ready.status_code != 200 else ""
+        seen.append((ready.status_code, health.status_code, code, request.status_code))
+        time.sleep(0.02)
+    return seen
+
+
 def test_a_killed_worker_ends_the_leader_and_a_killed_leader_ends_the_worker():
     with two_pods() as (url, leader, worker):
         started = time.monotonic()
         worker.send_signal(signal.SIGKILL)
+        seen = probes_until_exit(url, leader)
         assert leader.wait(15) == GROUP_LOST
         assert time.monotonic() - started < 10, "the leader's heartbeat finds the lost worker within seconds"
+        lost = [probe for probe in seen if probe[0] != 200]
+        assert lost, f"the leader never turned unready before it exited: {seen}"
+        assert seen[len(seen) - len(lost):] == lost, "once unready, never ready again"
+        assert all(probe == (503, 200, "not_ready", 503) for probe in lost), \
+            f"unready (readiness 503, new requests 503) while alive (liveness 200: it exits by itself): {lost}"
+        assert all(probe[3] in (500, 503) for probe in seen), f"a request answered without its group: {seen}"
     with two_pods() as (url, leader, worker):
         assert complete(url, "def add(a, b):")
         started = time.monotonic()
