@@ -25,6 +25,11 @@ def figure(name: str, value: float, goal: str, **extra) -> None:
     print(json.dumps({"figure": name, "value": round(float(value), 4), "goal": goal, **extra}), flush=True)
 
 
+def skipped(name: str, reason: str, **extra) -> None:
+    """Print a figure that could not be measured (a peer that is not installed or did not start), and why."""
+    print(json.dumps({"figure": name, "value": None, "skipped": reason, **extra}), flush=True)
+
+
 def sync(device: str) -> None:
     """Wait for queued accelerator work, so that wall-clock timings measure it (no-op on CPU)."""
     if device.startswith("cuda"):
@@ -101,6 +106,23 @@ def vllm_server(model: str, name: str, extra_args: tuple[str, ...] = (), ready_t
         yield url
 
 
+#: `transformers serve`, from the interpreter's own environment.
+TRANSFORMERS_BIN = Path(sys.executable).parent / "transformers"
+
+
+@contextlib.contextmanager
+def transformers_server(model: str, extra_args: tuple[str, ...] = (), ready_timeout: float = 600.0
+                        ) -> Iterator[str]:
+    """`transformers serve --continuous-batching` of this model on the CPU in float32 (as ours); yields its base
+    URL once /health answers 200. It serves the model under the name given here (its path) and answers 422 to
+    any request field that is not OpenAI's."""
+    port = free_port()
+    command = [str(TRANSFORMERS_BIN), "serve", "--continuous-batching", "--device", "cpu", "--dtype", "float32",
+               "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra_args, model]
+    with _server(command, port, "/health", ready_timeout, None) as url:
+        yield url
+
+
 @contextlib.contextmanager
 def _server(command: list[str], port: int, ready_path: str, ready_timeout: float, env: Optional[dict]
             ) -> Iterator[str]:
@@ -128,21 +150,23 @@ def _server(command: list[str], port: int, ready_path: str, ready_timeout: float
             proc.kill()
 
 
-async def stream_completion(client: httpx.AsyncClient, url: str, body: dict
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, path: str = "/v1/completions"
                             ) -> tuple[float, Optional[float], int, int]:
-    """One streaming completion; returns (total seconds, seconds to first token, completion tokens, chunks: the
-    `data:` events that carried them)."""
+    """One streaming completion (or chat completion: `path` /v1/chat/completions); returns (total seconds, seconds
+    to first token, completion tokens, chunks: the `data:` events that carried them). A chat stream's first token
+    is its first chunk with content: servers send the role-only chunk before or after the first token."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    chat = path.endswith("/chat/completions")
     started = time.perf_counter()
     first: Optional[float] = None
     tokens = chunks = 0
-    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+    async with client.stream("POST", url + path, json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
             # Parse only what is measured: the client shares the machine's cores with the server.
             if not line.startswith("data: {"):
                 continue
-            if first is None:
+            if first is None and (not chat or _has_content(line)):
                 first = time.perf_counter() - started
             if '"usage":{' in line.replace(" ", ""):
                 usage = json.loads(line[6:])["usage"]
@@ -150,3 +174,9 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict
             else:
                 chunks += 1
     return time.perf_counter() - started, first, tokens, chunks
+
+
+def _has_content(line: str) -> bool:
+    """Whether this chat chunk (`data: {...}`) carries text."""
+    choices = json.loads(line[6:]).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
