@@ -85,9 +85,11 @@ mutation: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-## Every benchmark; each prints one JSON line per figure.
+## Every benchmark (bench/[!_]*.py), each its own process printing one JSON line per figure, into
+## bench/out/figures.jsonl and docs/benchmarks.md with its plots (bench/report.py; a failed bench does not stop the
+## others). BENCH="serving concurrency" runs some only.
 bench: default-model
-	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	$(PY) bench/report.py $(if $(BENCH),--only $(BENCH))
 
 ## Re-create the committed tiny test models (deterministic; minutes on 2 cores).
 tiny-models: $(STAMP)
