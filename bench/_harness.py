@@ -20,9 +20,11 @@ TINY_TARGET = ROOT / "tests" / "assets" / "tiny" / "target"
 TINY_DRAFT = ROOT / "tests" / "assets" / "tiny" / "draft"
 
 
-def figure(name: str, value: float, goal: str, **extra) -> None:
-    """Print one figure as the JSON line `make bench` and the notes rely on."""
-    print(json.dumps({"figure": name, "value": round(float(value), 4), "goal": goal, **extra}), flush=True)
+def figure(name: str, value: float, goal: str, **extra) -> dict:
+    """Print one figure as the JSON line `make bench` and the notes rely on; returns it."""
+    record = {"figure": name, "value": round(float(value), 4), "goal": goal, **extra}
+    print(json.dumps(record), flush=True)
+    return record
 
 
 def skipped(name: str, reason: str, **extra) -> None:

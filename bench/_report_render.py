@@ -1,6 +1,6 @@
 """docs/benchmarks.md and its plots, from the records of bench/out/figures.jsonl (bench/report.py writes them).
 
-Records: {"machine": {...}} once; {"run": NAME, "status": "ok" | "failed", ...} per bench; and the figures, each
+Records: {"machine": {...}} once per file (bench/gpu.sh's has its own); {"run": NAME, "status": "ok" | "failed", ...} per bench; and the figures, each
 {"bench", "figure", "value", "goal", ...extras} or, for one that could not be measured, "value": null with
 "skipped": the reason.
 """
@@ -28,9 +28,9 @@ def write_report(records: list[dict], docs: Path) -> Path:
     plots.mkdir(parents=True, exist_ok=True)
     sweep = sweep_table(figures)
     drawn = draw_sweep(sweep, plots) if sweep else []
-    machine = next((r["machine"] for r in records if "machine" in r), {})
+    machines = [r["machine"] for r in records if "machine" in r]
     runs = [r for r in records if "run" in r]
-    text = "\n".join(["# Benchmarks", "", _intro(machine), "", *machine_section(machine), "",
+    text = "\n".join(["# Benchmarks", "", _intro(machines[0] if machines else {}), "", *machine_section(machines), "",
                       *host_section(figures), "", *sweep_section(sweep, skipped_servers(figures), drawn), "",
                       *figures_section(figures), "", *runs_section(runs), ""])
     path = docs / "benchmarks.md"
@@ -46,15 +46,17 @@ def _intro(machine: dict) -> str:
             "that the machine's load hits both sides alike; absolute numbers depend on that load.")
 
 
-def machine_section(machine: dict) -> list[str]:
-    if not machine:
+def machine_section(machines: list[dict]) -> list[str]:
+    """One column per machine the figures come from (the benches' own, and bench/gpu.sh's where its figures were
+    added)."""
+    if not machines:
         return ["## Machine", "", "Not recorded."]
-    rows = [("cores", machine.get("cores")), ("CPU", machine.get("cpu")), ("RAM", f"{machine.get('ram_gib')} GiB"),
-            ("Python", machine.get("python")), ("torch", machine.get("torch")),
-            ("transformers", machine.get("transformers")), ("load average (1 min) at the start",
-                                                             machine.get("load_average_1m")),
-            ("date", machine.get("date"))]
-    return ["## Machine", "", "| | |", "|---|---|", *(f"| {k} | {cell(v)} |" for k, v in rows)]
+    rows = [("cores", "cores"), ("CPU", "cpu"), ("RAM (GiB)", "ram_gib"), ("GPU", "gpu"), ("Python", "python"),
+            ("torch", "torch"), ("transformers", "transformers"), ("load average (1 min) at the start",
+                                                                   "load_average_1m"), ("date", "date")]
+    rows = [(title, key) for title, key in rows if any(m.get(key) is not None for m in machines)]
+    return ["## Machine", "", "| |" + " |" * len(machines), "|---" * (len(machines) + 1) + "|",
+            *(f"| {title} | " + " | ".join(cell(m.get(key)) for m in machines) + " |" for title, key in rows)]
 
 
 def goal_met(value: Optional[float], goal: str) -> str:

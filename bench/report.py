@@ -7,7 +7,7 @@ status and the tail of its stderr; its whole stderr is bench/out/NAME.stderr) an
 that fails is reported and the others still run. The report (bench/_report_render.py) is then built from that file
 alone, so `--from` rebuilds it from a saved one without running anything.
 
-Usage: .venv/bin/python bench/report.py [--only NAME ...] [--from FIGURES.jsonl] [--out bench/out] [--docs docs]
+Usage: .venv/bin/python bench/report.py [--only NAME ...] [--from FIGURES.jsonl ...] [--out bench/out] [--docs docs]
        [--timeout SECONDS]
 """
 
@@ -152,19 +152,19 @@ def read_records(path: Path) -> list[dict]:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these benches only (serving, concurrency ...)")
-    parser.add_argument("--from", dest="source", type=Path, metavar="FIGURES", help="rebuild the report from this "
-                        "figures.jsonl; run nothing")
+    parser.add_argument("--from", dest="sources", type=Path, nargs="+", metavar="FIGURES",
+                        help="rebuild the report from these figures.jsonl files (bench/gpu.sh's too); run nothing")
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="figures.jsonl and the benches' stderr")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where benchmarks.md and benchmarks/ go")
     parser.add_argument("--bench-dir", type=Path, default=BENCH, help=argparse.SUPPRESS)  # the tests' fake benches
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds one bench may run (3 h)")
     args = parser.parse_args(argv)
-    figures = args.source or run_all(benches(args.bench_dir, args.only), args.out, args.timeout)
-    records = read_records(figures)
+    sources = args.sources or [run_all(benches(args.bench_dir, args.only), args.out, args.timeout)]
+    records = [record for path in sources for record in read_records(path)]
     report = write_report(records, args.docs)
-    print(f"report: {report} (from {figures})", flush=True)
+    print(f"report: {report} (from {', '.join(map(str, sources))})", flush=True)
     failed = [r["run"] for r in records if r.get("status") == "failed"]
-    return 1 if failed and not args.source else 0
+    return 1 if failed and not args.sources else 0
 
 
 if __name__ == "__main__":

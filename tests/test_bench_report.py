@@ -78,6 +78,18 @@ def test_from_builds_the_page_and_plots_without_running_anything(tmp_path):
         assert f"](benchmarks/{png})" in text
 
 
+def test_from_several_files_adds_the_gpu_machine_and_its_figures(tmp_path):
+    main = write_jsonl(tmp_path / "figures.jsonl", RECORDS)
+    gpu = write_jsonl(tmp_path / "gpu.jsonl", [
+        {"machine": {**MACHINE, "cores": 16, "gpu": "NVIDIA H200"}},
+        {"bench": "gpu", "figure": "gpu_ods_over_host_sampling", "value": 2.5, "goal": ">= 1", "vocab": 128256}])
+    assert report("--from", str(main), str(gpu), "--docs", str(tmp_path)).returncode == 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert row(text, "cores", "2", "16")
+    assert row(text, "GPU", "-", "NVIDIA H200")
+    assert row(text, "gpu", "`gpu_ods_over_host_sampling`", "2.5", ">= 1", "yes", "vocab=128256")
+
+
 def test_a_skipped_peer_and_a_failed_bench_are_shown_as_such(tmp_path):
     figures = write_jsonl(tmp_path / "figures.jsonl", RECORDS)
     assert report("--from", str(figures), "--docs", str(tmp_path)).returncode == 0
