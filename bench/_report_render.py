@@ -1,8 +1,8 @@
 """docs/benchmarks.md and its plots, from the records of bench/out/figures.jsonl (bench/report.py writes them).
 
-Records: {"machine": {...}} once per file (bench/gpu.sh's has its own); {"run": NAME, "status": "ok" | "failed", ...} per bench; and the figures, each
-{"bench", "figure", "value", "goal", ...extras} or, for one that could not be measured, "value": null with
-"skipped": the reason.
+Records: {"machine": {...}} once per file (bench/gpu.sh's has its own); {"run": NAME, "status": "ok" | "failed",
+...} per bench; and the figures, each {"bench", "figure", "value", "goal", ...extras} or, for one that could not be
+measured, "value": null with "skipped": the reason.
 """
 
 from __future__ import annotations

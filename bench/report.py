@@ -8,7 +8,7 @@ that fails is reported and the others still run. The report (bench/_report_rende
 alone, so `--from` rebuilds it from a saved one without running anything.
 
 Usage: .venv/bin/python bench/report.py [--only NAME ...] [--from FIGURES.jsonl ...] [--out bench/out] [--docs docs]
-       [--timeout SECONDS]
+       [--bench-args ARGS] [--timeout SECONDS]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -95,7 +96,7 @@ def figure_lines(lines: Iterator[str], bench: str) -> Iterator[dict]:
                 yield {"bench": bench, **record}
 
 
-def run_bench(path: Path, out: Path, sink, timeout: float) -> dict:
+def run_bench(path: Path, out: Path, sink, timeout: float, args: tuple[str, ...] = ()) -> dict:
     """Run one bench, writing its figures to `sink` as they come; returns its `run` record. A bench still running
     after `timeout` seconds is killed, and fails."""
     name, stderr_path = path.stem, out / f"{path.stem}.stderr"
@@ -103,7 +104,7 @@ def run_bench(path: Path, out: Path, sink, timeout: float) -> dict:
     started = time.monotonic()
     with stderr_path.open("w") as stderr:
         # Its own process group: a kill takes the servers it started along
-        proc = subprocess.Popen([sys.executable, str(path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr,
+        proc = subprocess.Popen([sys.executable, str(path), *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr,
                                 text=True, start_new_session=True)
         watchdog = threading.Timer(timeout, _kill_group, (proc,))
         watchdog.start()
@@ -133,14 +134,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_all(paths: list[Path], out: Path, timeout: float) -> Path:
+def run_all(paths: list[Path], out: Path, timeout: float, args: tuple[str, ...] = ()) -> Path:
     """Run the benches one after another into OUT/figures.jsonl; returns its path."""
     out.mkdir(parents=True, exist_ok=True)
     figures = out / "figures.jsonl"
     with figures.open("w") as sink:
         sink.write(json.dumps({"machine": machine()}) + "\n")
         for path in paths:
-            sink.write(json.dumps(run_bench(path, out, sink, timeout)) + "\n")
+            sink.write(json.dumps(run_bench(path, out, sink, timeout, args)) + "\n")
             sink.flush()
     return figures
 
@@ -157,9 +158,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="figures.jsonl and the benches' stderr")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where benchmarks.md and benchmarks/ go")
     parser.add_argument("--bench-dir", type=Path, default=BENCH, help=argparse.SUPPRESS)  # the tests' fake benches
+    parser.add_argument("--bench-args", default="", help="arguments for each bench run, as one string (with --only: "
+                        "--only concurrency --bench-args=--quick)")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds one bench may run (3 h)")
     args = parser.parse_args(argv)
-    sources = args.sources or [run_all(benches(args.bench_dir, args.only), args.out, args.timeout)]
+    sources = args.sources or [run_all(benches(args.bench_dir, args.only), args.out, args.timeout,
+                                       tuple(shlex.split(args.bench_args)))]
     records = [record for path in sources for record in read_records(path)]
     report = write_report(records, args.docs)
     print(f"report: {report} (from {', '.join(map(str, sources))})", flush=True)

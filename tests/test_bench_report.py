@@ -110,9 +110,9 @@ def test_without_a_sweep_or_host_figure_the_page_says_not_measured(tmp_path):
     assert row(text, "serving", "`server_over_runner`", "0.9871")
 
 
-FAKE_OK = """import json
+FAKE_OK = """import json, sys
 print("warming up")
-print(json.dumps({"figure": "fake_ratio", "value": 1.5, "goal": ">= 1", "side": "left"}), flush=True)
+print(json.dumps({"figure": "fake_ratio", "value": 1.5, "goal": ">= 1", "side": "left", "argv": sys.argv[1:]}))
 """
 FAKE_FAILS = """import json, sys
 print(json.dumps({"figure": "half_done", "value": 3.0, "goal": "report"}), flush=True)
@@ -139,9 +139,12 @@ def test_a_failing_bench_is_reported_and_the_others_still_run(tmp_path):
     assert row(text, "b_ok", "`fake_ratio`", "1.5", ">= 1", "yes", "side=left")
     assert row(text, "a_fails", "**failed**")
     assert "something went wrong in the fake bench" in text
-    # --only runs a subset, and an unknown name is an error that names the benches
-    done = report("--bench-dir", str(benches), "--out", str(out), "--docs", str(docs), "--only", "b_ok")
+    # --only runs a subset (with --bench-args, its arguments), and an unknown name is an error that names the benches
+    done = report("--bench-dir", str(benches), "--out", str(out), "--docs", str(docs), "--only", "b_ok",
+                  "--bench-args=--quick --levels 1")
     assert done.returncode == 0
-    assert [json.loads(line).get("run") for line in (out / "figures.jsonl").read_text().splitlines()][-1] == "b_ok"
+    records = [json.loads(line) for line in (out / "figures.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in records if "run" in r] == ["b_ok"]
+    assert [r["argv"] for r in records if "figure" in r] == [["--quick", "--levels", "1"]]
     done = report("--bench-dir", str(benches), "--only", "nope", "--out", str(out), "--docs", str(docs))
     assert done.returncode != 0 and "no bench nope" in done.stderr and "b_ok" in done.stderr
