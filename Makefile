@@ -91,6 +91,13 @@ lint: $(STAMP)
 bench: default-model
 	$(PY) bench/report.py $(if $(BENCH),--only $(BENCH))
 
+## The GPU benchmark, on a GPU machine (bench/gpu.sh: a random 1B-shaped Llama on the reference runner, under 8 minutes,
+## results in $OUT or bench/out/gpu). Nothing is fetched there: `bench/gpu.sh --wheels` here first puts the wheels it
+## needs in .whl/, which travels with the repo. GPU_BENCH_SMALL=1: the same run on the CPU with a small model.
+.PHONY: bench-gpu
+bench-gpu:
+	bash bench/gpu.sh
+
 ## Re-create the committed tiny test models (deterministic; minutes on 2 cores).
 tiny-models: $(STAMP)
 	$(PY) scripts/make_tiny_models.py

