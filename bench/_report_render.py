@@ -8,6 +8,7 @@ measured, "value": null with "skipped": the reason.
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +20,7 @@ _GOAL = re.compile(r"^\s*(>=|<=|>|<|==)\s*(-?[\d.]+)\s*$")
 _OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
         "==": lambda a, b: a == b}
 _HIDDEN = {"bench", "figure", "value", "goal", "skipped"}
+_SAME_MACHINE = ("cores", "cpu", "ram_gib", "gpu", "python", "torch", "transformers", "small")
 
 
 def write_report(records: list[dict], docs: Path) -> Path:
@@ -28,7 +30,7 @@ def write_report(records: list[dict], docs: Path) -> Path:
     plots.mkdir(parents=True, exist_ok=True)
     sweep = sweep_table(figures)
     drawn = draw_sweep(sweep, plots) if sweep else []
-    machines = [r["machine"] for r in records if "machine" in r]
+    machines = distinct_machines([r["machine"] for r in records if "machine" in r])
     runs = [r for r in records if "run" in r]
     text = "\n".join(["# Benchmarks", "", _intro(machines[0] if machines else {}), "", *machine_section(machines), "",
                       *host_section(figures), "", *sweep_section(sweep, skipped_servers(figures), drawn), "",
@@ -39,11 +41,19 @@ def write_report(records: list[dict], docs: Path) -> Path:
 
 
 def _intro(machine: dict) -> str:
-    return (f"Written by `make bench` (`bench/report.py`) on {machine.get('date', 'an unknown date')}: every "
+    return _prose(f"Written by `make bench` (`bench/report.py`) on {machine.get('date', 'an unknown date')}: every "
             "`bench/*.py` ran as its own process, and each figure below is one JSON line it printed, collected in "
             "`bench/out/figures.jsonl`. `python bench/report.py --from bench/out/figures.jsonl` rebuilds this page "
             "from that file; `--only NAME` runs some benches only. Ratios are measured side by side in one run, so "
             "that the machine's load hits both sides alike; absolute numbers depend on that load.")
+
+
+def distinct_machines(machines: list[dict]) -> list[dict]:
+    """The first record of each machine (the same hardware and software: files of several runs on one machine)."""
+    out: dict[tuple, dict] = {}
+    for m in machines:
+        out.setdefault(tuple(m.get(key) for key in _SAME_MACHINE), m)
+    return list(out.values())
 
 
 def machine_section(machines: list[dict]) -> list[str]:
@@ -74,14 +84,14 @@ def host_section(figures: list[dict]) -> list[str]:
     if host is None:
         return head + ["Not measured in this run (`host_ms_per_step_b64`, `bench/serving.py`)."]
     ms = host["value"]
-    return head + [
+    return head + [_prose(
         f"On Neuron a 70B decode step with fused speculation takes about {NEURON_STEP_MS:g} ms (NxDI's published "
         "Llama-3.3-70B figures on trn2), so the host's work per step must be small beside it. "
         f"`host_ms_per_step_b64` (`bench/serving.py`: the server's CPU per engine step with 64 streaming clients, "
         "around a runner that computes nothing and takes 5 ms a step) measured "
-        f"**{ms:g} ms** per step: {ms / NEURON_STEP_MS:.0%} of a Neuron step (goal {host.get('goal', '')}). "
-        f"Where the host's work does not overlap the device's, a step takes {NEURON_STEP_MS + ms:g} ms instead of "
-        f"{NEURON_STEP_MS:g}: {ms / (NEURON_STEP_MS + ms):.0%} of the device's throughput lost to the host."]
+        f"**{ms:.2f} ms** per step: {ms / NEURON_STEP_MS:.0%} of a Neuron step (goal {host.get('goal', '')} ms). "
+        f"Where the host's work does not overlap the device's, a step takes {NEURON_STEP_MS + ms:.2f} ms instead of "
+        f"{NEURON_STEP_MS:g}: {ms / (NEURON_STEP_MS + ms):.0%} of the device's throughput lost to the host.")]
 
 
 def sweep_table(figures: list[dict]) -> dict[str, dict[int, dict]]:
@@ -98,12 +108,12 @@ def skipped_servers(figures: list[dict]) -> dict[str, str]:
 
 
 def sweep_section(sweep: dict[str, dict[int, dict]], skipped: dict[str, str], plots: list[Path]) -> list[str]:
-    head = ["## Throughput and latency against concurrency", "",
+    head = ["## Throughput and latency against concurrency", "", _prose(
             "`bench/concurrency.py`: C clients each send streaming greedy chat requests back to back, the same "
             "client, model and requests for every server (ours: the torch reference runner; "
             "`transformers serve --continuous-batching`; vLLM's CPU build). Tokens are those each server reports "
             "in its usage chunk; TTFT runs to the first chunk with content; the per-token latency is a request's "
-            "time after its first token over its remaining tokens.", ""]
+            "time after its first token over its remaining tokens."), ""]
     lines = head + [f"- **{server}: skipped**: {reason}" for server, reason in skipped.items()]
     if not sweep:
         return lines + ["", "Not measured in this run."]
@@ -194,6 +204,10 @@ def runs_section(runs: list[dict]) -> list[str]:
     return lines
 
 
+def _prose(text: str) -> str:
+    return textwrap.fill(text, 120, break_long_words=False, break_on_hyphens=False)
+
+
 def cell(value, limit: int = 120) -> str:
     """A value as a markdown table cell: short, one line, no `|`."""
     text = _text(value)
@@ -202,5 +216,5 @@ def cell(value, limit: int = 120) -> str:
 
 
 def _text(value) -> str:
-    text = "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+    text = "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
     return " ".join(text.split())
