@@ -113,7 +113,9 @@ def sweep_section(sweep: dict[str, dict[int, dict]], skipped: dict[str, str], pl
             "client, model and requests for every server (ours: the torch reference runner; "
             "`transformers serve --continuous-batching`; vLLM's CPU build). Tokens are those each server reports "
             "in its usage chunk; TTFT runs to the first chunk with content; the per-token latency is a request's "
-            "time after its first token over its remaining tokens."), ""]
+            "time after its first token over its remaining tokens. On a machine busy with other work (the load average "
+            "above), torch's threads (ours, transformers) wait on each other and lose far more than vLLM, whose model "
+            "runs on one core it binds: compare on a quiet machine."), ""]
     lines = head + [f"- **{server}: skipped**: {reason}" for server, reason in skipped.items()]
     if not sweep:
         return lines + ["", "Not measured in this run."]
