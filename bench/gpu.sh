@@ -23,8 +23,10 @@ SITE=${GPU_BENCH_SITE:-/tmp/neuronmodel-gpu-site}
 INDEX=${GPU_BENCH_INDEX:-https://pypi.org/simple/}
 HARD_S=${GPU_BENCH_HARD_S:-480}
 SOFT_S=${GPU_BENCH_SOFT_S:-420}
-# What the runtime imports that the GPU machines' image lacks (/work/.library/device/KINDS.md), as distributions.
-CARRIED="pydantic pydantic-core annotated-types typing-inspection fastapi starlette uvicorn sse-starlette"
+# What the runtime imports that the GPU machines' image lacks, or has maybe too old for the others (pydantic needs a
+# typing-extensions of 2025, fastapi imports opentelemetry), as distributions; the image has the rest of their needs.
+CARRIED="pydantic pydantic-core annotated-types typing-inspection typing-extensions fastapi starlette anyio uvicorn \
+sse-starlette opentelemetry-api"
 MODULES="torch transformers tokenizers safetensors numpy httpx pydantic fastapi starlette uvicorn sse_starlette \
 prometheus_client"
 
@@ -50,9 +52,16 @@ mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD/runtime:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
-missing() {  # the modules of $@ that do not import
-  "$PY" -c 'import importlib.util, sys
-print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))' "$@"
+missing() {  # the modules of $@ that do not import (absent, or too old for another), each with why on stderr
+  "$PY" -c 'import importlib, sys
+bad = []
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        bad.append(name)
+        print(f"  {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+print(" ".join(bad))' "$@"
 }
 pypi_reachable() {
   "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "pip/", timeout=5)' "$INDEX" 2>/dev/null
