@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -45,7 +46,7 @@ from typing import Callable
 import speculation
 import serving
 import torch
-from _harness import ROOT, TINY_TARGET, figure, p50, runtime_server
+from _harness import TINY_TARGET, figure, p50, runtime_server
 from report import machine
 
 from neuronmodel_runtime.server.tokenizer import chat_prompt_ids, eos_token_ids, load_tokenizer
@@ -94,21 +95,22 @@ def write_tokenizer(folder: Path, vocab_size: int) -> None:
     (folder / "tokenizer_config.json").write_text((TINY_TARGET / "tokenizer_config.json").read_text())
 
 
-def ods_over_host(model: str, work: list[list[int]]) -> None:
+def ods_over_host(out: Results, model: str, work: list[list[int]]) -> None:
     steps = {}
     for on_device in (True, False):
         runner = serving.make_runner(model, BATCH, on_device=on_device)
         serving.decode_step_time(runner, work[:2], 4)  # warm-up
         steps[on_device] = serving.decode_step_time(runner, work, 32)
         del runner
-    emit("gpu_ods_over_host_sampling", steps[False] / steps[True], ">= 1", ods_step_ms=round(steps[True] * 1e3, 2),
-         host_step_ms=round(steps[False] * 1e3, 2), batch=BATCH, vocab=vocab_size(model))
+    out.figure("gpu_ods_over_host_sampling", steps[False] / steps[True], ">= 1",
+               ods_step_ms=round(steps[True] * 1e3, 2), host_step_ms=round(steps[False] * 1e3, 2), batch=BATCH,
+               vocab=vocab_size(model))
 
 
-def server_over_runner(model: str, work: list[list[int]], tokens: int, budget: "Budget", repeats: int = 3) -> None:
+def server_over_runner(out: Results, model: str, work: list[list[int]], tokens: int, repeats: int = 3) -> None:
     name = Path(model).name
     config = {"model": model, "max_num_seqs": BATCH, "device": serving.DEVICE, **SERVED}
-    with runtime_server(config, ready_timeout=max(budget.left(), 30)) as url:
+    with runtime_server(config, ready_timeout=max(out.budget.left(), 30)) as url:
         runner = serving.make_runner(model, BATCH, **SERVED)
         serving.runner_generate(runner, work[:2], 4)  # warm-up
         asyncio.run(serving.server_concurrent(url, name, work[:2], 4))
@@ -120,24 +122,25 @@ def server_over_runner(model: str, work: list[list[int]], tokens: int, budget: "
             ttfts += run.ttfts
         del runner
     runner_tok_s, server_tok_s = len(work) * tokens / p50(raw), p50(served)
-    emit("gpu_server_over_runner", server_tok_s / runner_tok_s, ">= 0.95", runner_tok_s=round(runner_tok_s, 1),
-         server_tok_s=round(server_tok_s, 1), ttft_p50_ms=round(p50(ttfts) * 1e3, 1), batch=BATCH, tokens=tokens,
-         runner="eager")
+    out.figure("gpu_server_over_runner", server_tok_s / runner_tok_s, ">= 0.95",
+               runner_tok_s=round(runner_tok_s, 1), server_tok_s=round(server_tok_s, 1),
+               ttft_p50_ms=round(p50(ttfts) * 1e3, 1), batch=BATCH, tokens=tokens, runner="eager")
 
 
-def self_draft(model: str, tokenizer, tokens: int) -> None:
+def self_draft(out: Results, model: str, tokenizer, tokens: int) -> None:
     chats = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in speculation.CHAT[:3]]
     eos = eos_token_ids(model, tokenizer)
     plain, _, plain_out = speculation.run(Path(model), None, chats, tokens, eos, True)
     spec = {"mode": "draft", "draft_model": model, "num_speculative_tokens": SPEC_K}
     spec_s, stats, spec_out = speculation.run(Path(model), spec, chats, tokens, eos, True)
-    emit("gpu_spec_speedup_self_draft", plain[1] / spec_s[1], "report (at most about 1: the draft costs what the "
-         "target does)", acceptance=round(stats.spec_accepted_tokens_total / stats.spec_draft_tokens_total, 3),
-         plain_decode_s=round(plain[1], 3), spec_decode_s=round(spec_s[1], 3), k=SPEC_K,
-         greedy_identical=plain_out == spec_out, requests=len(chats), tokens=tokens)
+    out.figure("gpu_spec_speedup_self_draft", plain[1] / spec_s[1],
+               "report (at most about 1: the draft costs what the target does)",
+               acceptance=round(stats.spec_accepted_tokens_total / stats.spec_draft_tokens_total, 3),
+               plain_decode_s=round(plain[1], 3), spec_decode_s=round(spec_s[1], 3), k=SPEC_K,
+               greedy_identical=plain_out == spec_out, requests=len(chats), tokens=tokens)
 
 
-def compiled_over_eager(model: str, work: list[list[int]]) -> None:
+def compiled_over_eager(out: Results, model: str, work: list[list[int]]) -> None:
     longest = max(len(ids) for ids in work)
     shape = {"max_model_len": 128, "max_context_length": 32 if longest <= 32 else 64}
     steps, load_s = {}, {}
@@ -148,9 +151,9 @@ def compiled_over_eager(model: str, work: list[list[int]]) -> None:
         serving.decode_step_time(runner, work[:2], 4)  # warm-up
         steps[compiled] = serving.decode_step_time(runner, work, 32)
         del runner
-    emit("gpu_compiled_over_eager", steps[False] / steps[True], "report", eager_tok_s=round(BATCH / steps[False], 1),
-         compiled_tok_s=round(BATCH / steps[True], 1), compiled_load_s=round(load_s[True], 1),
-         eager_load_s=round(load_s[False], 1), batch=BATCH, **shape)
+    out.figure("gpu_compiled_over_eager", steps[False] / steps[True], "report",
+               eager_tok_s=round(BATCH / steps[False], 1), compiled_tok_s=round(BATCH / steps[True], 1),
+               compiled_load_s=round(load_s[True], 1), eager_load_s=round(load_s[False], 1), batch=BATCH, **shape)
 
 
 def vocab_size(model: str) -> int:
@@ -182,6 +185,10 @@ class Results:
         self.figures.write(json.dumps(record) + "\n")
         self.figures.flush()
 
+    def figure(self, name: str, value: float, goal: str, **extra) -> None:
+        """Print a figure (as every bench does) and keep it."""
+        self.record({"bench": "gpu", **figure(name, value, goal, **extra)})
+
     def stage(self, name: str, needs_s: float, run: Callable[[], None]) -> None:
         """Run one stage if the soft budget has `needs_s` seconds left; record how it went."""
         if self.budget.left() < needs_s:
@@ -205,13 +212,6 @@ class Results:
         path.with_suffix(".tmp").replace(path)
 
 
-RESULTS: list[Results] = []  # the run's, for `emit`
-
-
-def emit(name: str, value: float, goal: str, **extra) -> None:
-    RESULTS[0].record({"bench": "gpu", **figure(name, value, goal, **extra)})
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -224,12 +224,17 @@ def main() -> int:
         print(f"bench/_gpu.py: torch {torch.__version__} sees no CUDA device", flush=True)
         return 2
     serving.DEVICE = speculation.DEVICE = args.device
+    with contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory(prefix="neuronmodel-gpu-") \
+            as work_dir:
+        return measure(args, Path(work_dir))
+
+
+def measure(args: argparse.Namespace, work_dir: Path) -> int:
+    """Every stage into args.out, the model (and the compiled runner's artifacts) in `work_dir`; 0 when all ran."""
     budget = Budget(args.soft_budget)
     results = Results(args.out, budget)
-    RESULTS.append(results)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
     results.record({"machine": {**machine(), "gpu": gpu, "torch": torch.__version__, "small": SMALL}})
-    work_dir = args.work or Path(tempfile.mkdtemp(prefix="neuronmodel-gpu-"))
     os.environ.setdefault("NEURONMODEL_CACHE", str(work_dir / "cache"))  # the compiled runner's artifacts
     folder = work_dir / ("llama-small-random" if SMALL else "llama-1b-random")
     results.stage("build_model", 0, lambda: build_model(folder, args.device))
@@ -238,10 +243,10 @@ def main() -> int:
     model = str(folder)
     tokenizer = load_tokenizer(model)
     work = serving.prompts(tokenizer, BATCH)
-    results.stage("ods_over_host_sampling", 20, lambda: ods_over_host(model, work))
-    results.stage("server_over_runner", 60, lambda: server_over_runner(model, work, args.tokens, budget))
-    results.stage("spec_self_draft", 40, lambda: self_draft(model, tokenizer, min(args.tokens, 64)))
-    results.stage("compiled_over_eager", 150 if not SMALL else 30, lambda: compiled_over_eager(model, work))
+    results.stage("ods_over_host_sampling", 20, lambda: ods_over_host(results, model, work))
+    results.stage("server_over_runner", 60, lambda: server_over_runner(results, model, work, args.tokens))
+    results.stage("spec_self_draft", 40, lambda: self_draft(results, model, tokenizer, min(args.tokens, 64)))
+    results.stage("compiled_over_eager", 30 if SMALL else 150, lambda: compiled_over_eager(results, model, work))
     print(f"# bench/_gpu.py: {budget.elapsed():.0f} s; results in {args.out}", flush=True)
     return 0 if all(s["status"] == "ok" for s in results.stages.values()) else 1
 

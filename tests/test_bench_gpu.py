@@ -5,6 +5,7 @@ script runs on the CPU with GPU_BENCH_SMALL=1 (about 2 minutes: not a test)."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -69,3 +70,16 @@ def test_the_small_model_is_served_by_the_reference_runner(gpu_module, tmp_path,
     assert runner.capacity().vocab_size == gpu_module.SMALL_LLAMA["vocab_size"]
     work = serving.prompts(serving.load_tokenizer(str(folder)), 2)
     assert serving.runner_generate(runner, work, 4) > 0
+
+
+def test_stages_past_the_soft_budget_are_skipped_and_failures_recorded_as_they_end(gpu_module, tmp_path):
+    results = gpu_module.Results(tmp_path, gpu_module.Budget(10))
+    results.stage("fails", 0, lambda: 1 / 0)
+    results.stage("too_long", 60, lambda: pytest.fail("a stage ran past the soft budget"))
+    results.stage("fits", 1, lambda: results.figure("gpu_fake", 2.0, ">= 1"))
+    stages = json.loads((tmp_path / "gpu_results.json").read_text())["stages"]
+    assert stages["fails"]["status"] == "error" and "ZeroDivisionError" in stages["fails"]["error"]
+    assert stages["too_long"]["status"] == "skipped" and "needs 60" in stages["too_long"]["reason"]
+    assert stages["fits"]["status"] == "ok"
+    figures = [json.loads(line) for line in (tmp_path / "figures.jsonl").read_text().splitlines()]
+    assert figures == [{"bench": "gpu", "figure": "gpu_fake", "value": 2.0, "goal": ">= 1"}]
