@@ -4,8 +4,9 @@ Each bench (every bench/[!_]*.py but this file) runs as its own process, one aft
 it prints (bench/_harness.py's `figure` and `skipped`) are collected into bench/out/figures.jsonl as they come,
 each with the bench's name, beside one `run` record per bench (ok or failed, its seconds, and a failed one's exit
 status and the tail of its stderr; its whole stderr is bench/out/NAME.stderr) and one `machine` record. A bench
-that fails is reported and the others still run. The report (bench/_report_render.py) is then built from that file
-alone, so `--from` rebuilds it from a saved one without running anything.
+that fails is reported and the others still run; `--only` runs some benches and keeps the others' records from the
+file's last run. The report (bench/_report_render.py) is then built from that file alone, so `--from` rebuilds it
+from a saved one without running anything.
 
 Usage: .venv/bin/python bench/report.py [--only NAME ...] [--from FIGURES.jsonl ...] [--out bench/out] [--docs docs]
        [--bench-args ARGS] [--timeout SECONDS]
@@ -135,14 +136,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_all(paths: list[Path], out: Path, timeout: float, args: tuple[str, ...] = ()) -> Path:
-    """Run the benches one after another into OUT/figures.jsonl; returns its path."""
+    """Run the benches one after another into OUT/figures.jsonl; returns its path. The records of benches that
+    did not run this time (`--only`) are kept from the file's last run, after the new ones."""
     out.mkdir(parents=True, exist_ok=True)
     figures = out / "figures.jsonl"
+    names = {path.stem for path in paths}
+    kept = [r for r in read_records(figures) if r.get("bench", r.get("run")) not in names | {None}] \
+        if figures.exists() else []
     with figures.open("w") as sink:
         sink.write(json.dumps({"machine": machine()}) + "\n")
         for path in paths:
             sink.write(json.dumps(run_bench(path, out, sink, timeout, args)) + "\n")
             sink.flush()
+        sink.writelines(json.dumps(r) + "\n" for r in kept)
     return figures
 
 
@@ -162,13 +168,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "--only concurrency --bench-args=--quick)")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds one bench may run (3 h)")
     args = parser.parse_args(argv)
-    sources = args.sources or [run_all(benches(args.bench_dir, args.only), args.out, args.timeout,
-                                       tuple(shlex.split(args.bench_args)))]
+    ran = [] if args.sources else benches(args.bench_dir, args.only)
+    sources = args.sources or [run_all(ran, args.out, args.timeout, tuple(shlex.split(args.bench_args)))]
     records = [record for path in sources for record in read_records(path)]
     report = write_report(records, args.docs)
     print(f"report: {report} (from {', '.join(map(str, sources))})", flush=True)
-    failed = [r["run"] for r in records if r.get("status") == "failed"]
-    return 1 if failed and not args.sources else 0
+    failed = {r["run"] for r in records if r.get("status") == "failed"} & {path.stem for path in ran}
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

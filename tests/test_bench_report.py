@@ -141,12 +141,15 @@ def test_a_failing_bench_is_reported_and_the_others_still_run(tmp_path):
     assert row(text, "b_ok", "`fake_ratio`", "1.5", ">= 1", "yes", "side=left")
     assert row(text, "a_fails", "**failed**")
     assert "something went wrong in the fake bench" in text
-    # --only runs a subset (with --bench-args, its arguments), and an unknown name is an error that names the benches
+    # --only runs a subset (with --bench-args, its arguments) and keeps the other benches' records of the last run;
+    # an unknown name is an error that names the benches
     done = report("--bench-dir", str(benches), "--out", str(out), "--docs", str(docs), "--only", "b_ok",
                   "--bench-args=--quick --levels 1")
     assert done.returncode == 0
+    assert "== bench/a_fails.py" not in done.stdout
     records = [json.loads(line) for line in (out / "figures.jsonl").read_text().splitlines()]
-    assert [r["run"] for r in records if "run" in r] == ["b_ok"]
-    assert [r["argv"] for r in records if "figure" in r] == [["--quick", "--levels", "1"]]
+    assert [r["run"] for r in records if "run" in r] == ["b_ok", "a_fails"]
+    assert [r.get("argv") for r in records if "figure" in r] == [["--quick", "--levels", "1"], None]
+    assert len([r for r in records if "machine" in r]) == 1
     done = report("--bench-dir", str(benches), "--only", "nope", "--out", str(out), "--docs", str(docs))
     assert done.returncode != 0 and "no bench nope" in done.stderr and "b_ok" in done.stderr
