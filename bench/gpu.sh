@@ -16,6 +16,8 @@
 # missing and exits 3 (4: no CUDA torch). GPU_BENCH_SMALL=1: the same run on the CPU with a small model (a test).
 # Afterwards: python bench/report.py --from bench/out/figures.jsonl OUT/figures.jsonl puts its figures in the report.
 set -uo pipefail
+ARG=${1:-}
+[ -n "$ARG" ] && [ "$ARG" != --wheels ] && ARG=$(realpath -m "$ARG")  # relative to where it was run from
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
 WHEELS=${GPU_BENCH_WHEELS:-.whl}
@@ -32,7 +34,7 @@ prometheus_client"
 
 say() { echo "bench/gpu.sh: $*" >&2; }
 
-if [ "${1:-}" = "--wheels" ]; then
+if [ "$ARG" = "--wheels" ]; then
   # The versions of this environment's (the dev venv's) distributions, for CPython 3.12 on manylinux x86-64.
   mkdir -p "$WHEELS"
   # shellcheck disable=SC2086  # CARRIED is a list of names
@@ -47,7 +49,7 @@ print(" ".join(f"{n}=={version(n)}" for n in sys.argv[1:]))' $CARRIED) || { say 
   exit 0
 fi
 
-OUT_DIR=${1:-${OUT:-bench/out/gpu}}
+OUT_DIR=${ARG:-${OUT:-bench/out/gpu}}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD/runtime:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
