@@ -35,7 +35,8 @@ prometheus_client"
 say() { echo "bench/gpu.sh: $*" >&2; }
 
 if [ "$ARG" = "--wheels" ]; then
-  # The versions of this environment's (the dev venv's) distributions, for CPython 3.12 on manylinux x86-64.
+  # The versions of the dev venv's distributions (PYTHON's, else .venv's), for CPython 3.12 on manylinux x86-64.
+  [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
   mkdir -p "$WHEELS"
   # shellcheck disable=SC2086  # CARRIED is a list of names
   pins=$("$PY" -c 'import sys; from importlib.metadata import version
