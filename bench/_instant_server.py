@@ -6,7 +6,7 @@ scheduling, detokenizing, stop checks, streaming. Each step takes STEP_MS of wal
 waiting on the device does): a Neuron step's pace, so that clients keep up as they would there. Run as a process by
 bench/serving.py (`host_ms_per_step_b64`):
 
-    python bench/instant_server.py CONFIG.json [STEP_MS]   # a RuntimeConfig: model (its tokenizer), max_num_seqs
+    python bench/_instant_server.py CONFIG.json [STEP_MS]   # a RuntimeConfig: model (its tokenizer), max_num_seqs
 """
 
 from __future__ import annotations
