@@ -60,6 +60,7 @@ TNX_RANKS = ("tests/runtime_tests/runners/test_tnx_runner.py", "-k", "rank_varia
 NEURON_GROUP = ("tests/runtime_tests/distributed/test_neuron_ranks.py", "-k", "two_nxdi_hosts")
 REQUEST_LIMITS = ("tests/runtime_tests/server/test_request_limits.py",)
 FUZZ = ("tests/runtime_tests/server/test_fuzz.py",)
+OVERLOAD = ("tests/runtime_tests/server/test_overload.py", "-k", "left_behind")
 
 
 @dataclass(frozen=True)
@@ -541,6 +542,15 @@ MUTATIONS += [
         "app.add_exception_handler(RequestValidationError, _on_validation_error)", "pass",
         FUZZ + ("-k", "generated_requests"),
     ),
+    Mutation(
+        "scheduler: an aborted request's slot never freed (each client that drops its stream leaks a slot)",
+        "engine/scheduler.py", "for req in out.aborted:\n            self._release(req)",
+        "for req in out.aborted:\n            pass", OVERLOAD,
+    ),
+    Mutation(
+        "serving: a stream its client dropped not aborted (its slot stays busy until max_tokens)", "server/serving.py",
+        "self._closed = True\n        self.abort()", "self._closed = True", OVERLOAD,
+    ),
 ]
 
 #: Runs pytest in the copy after checking that the copy (and the mutated text) is what gets imported.
@@ -572,12 +582,12 @@ sys.exit(pytest.main(args))
 
 def make_copy(root: Path) -> None:
     """runtime/, operator/ and their tests copied (no bytecode), pyproject.toml (pytest's settings); tests/assets
-    crds/ (the committed CRD and samples), scripts/ (the control plane's pins) and README.md (tables tests read)
-    are linked."""
+    crds/ (the committed CRD and samples), scripts/ (the control plane's pins), bench/ (the load generator) and
+    README.md (tables tests read) are linked."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for folder in ("runtime", "operator", "tests/runtime_tests", "tests/operator_tests"):
         shutil.copytree(REPO / folder, root / folder, ignore=ignore)
-    for linked in ("tests/assets", "crds", "scripts", "README.md"):
+    for linked in ("tests/assets", "crds", "scripts", "bench", "README.md"):
         (root / linked).symlink_to(REPO / linked)
     shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
 
