@@ -2,7 +2,9 @@
 clients against a server on this machine and returns one `Record` per request.
 
 Each client sends one streaming request after another (a shape drawn from `shapes`, seeded per client) until
-`duration_s` has passed, then stops: requests in flight at the deadline run to their end, none starts after it.
+`duration_s` has passed, then stops: none starts after the deadline, and those in flight then may run to their
+end for `finish_grace_s` more; any still running after that is cut (closed, its record says so), so a run never
+outlasts duration_s + finish_grace_s, however the server behaves.
 A refused request (429, 503) is followed by a pause of `retry_pause_s` before the client's next one, so refused
 clients keep the pressure on without spinning on the machine's cores. The first `disconnect_fraction` of the
 clients close every stream of theirs after its first token arrives, as a client that gives up does.
@@ -69,26 +71,30 @@ def check_loopback(url: str) -> None:
 
 
 def load(url: str, *, clients: int, duration_s: float, shapes: list[Shape], disconnect_fraction: float = 0.1,
-         seed: int = 0, retry_pause_s: float = 0.1, request_timeout_s: float = 120.0) -> list[Record]:
+         seed: int = 0, retry_pause_s: float = 0.1, finish_grace_s: float = 30.0) -> list[Record]:
     """Run the load (blocking) and return every request's record, in the order they ended."""
     check_loopback(url)
     return asyncio.run(_run(url.rstrip("/"), clients, duration_s, shapes, disconnect_fraction, seed,
-                            retry_pause_s, request_timeout_s))
+                            retry_pause_s, finish_grace_s))
 
 
 async def _run(url: str, clients: int, duration_s: float, shapes: list[Shape], disconnect_fraction: float,
-               seed: int, retry_pause_s: float, request_timeout_s: float) -> list[Record]:
+               seed: int, retry_pause_s: float, finish_grace_s: float) -> list[Record]:
     records: list[Record] = []
     deadline = time.monotonic() + duration_s
     disconnectors = math.ceil(clients * disconnect_fraction)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(timeout=request_timeout_s, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=duration_s + finish_grace_s, limits=limits) as http:
 
         async def client(index: int) -> None:
             rng = random.Random(seed * 1_000_003 + index)
             while time.monotonic() < deadline:
                 record = Record(index, rng.choice(shapes), time.monotonic())
-                await _request(http, url, record, disconnect=index < disconnectors)
+                cut_in = deadline + finish_grace_s - time.monotonic()
+                try:
+                    await asyncio.wait_for(_request(http, url, record, index < disconnectors), cut_in)
+                except asyncio.TimeoutError:
+                    record.transport_error = f"cut: still running {finish_grace_s:g} s after the deadline"
                 records.append(record)
                 if record.status != 200:
                     await asyncio.sleep(retry_pause_s)
@@ -100,7 +106,7 @@ async def _run(url: str, clients: int, duration_s: float, shapes: list[Shape], d
 async def _request(http: httpx.AsyncClient, url: str, record: Record, disconnect: bool) -> None:
     """Send one streaming request and fill `record` in."""
     path = "/v1/chat/completions" if record.shape.route == "chat" else "/v1/completions"
-    sent = time.perf_counter()
+    sent = time.monotonic()
     try:
         async with http.stream("POST", url + path, json=record.shape.body()) as response:
             record.status = response.status_code
@@ -112,7 +118,8 @@ async def _request(http: httpx.AsyncClient, url: str, record: Record, disconnect
                 await _read_events(response, record, sent, disconnect)
     except httpx.HTTPError as exc:
         record.transport_error = f"{type(exc).__name__}: {exc}"
-    record.latency_s = time.perf_counter() - sent
+    finally:
+        record.latency_s = time.monotonic() - sent
 
 
 async def _read_events(response: httpx.Response, record: Record, sent: float, disconnect: bool) -> None:
@@ -132,7 +139,7 @@ async def _read_events(response: httpx.Response, record: Record, sent: float, di
             if piece:
                 record.text += piece
                 if record.ttft_s is None:
-                    record.ttft_s = time.perf_counter() - sent
+                    record.ttft_s = time.monotonic() - sent
             record.finish_reason = choice.get("finish_reason") or record.finish_reason
         if disconnect and record.text and record.finish_reason is None:
             record.disconnected = True  # leaving the `async with` closes the connection mid-stream

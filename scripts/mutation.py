@@ -543,9 +543,9 @@ MUTATIONS += [
         FUZZ + ("-k", "generated_requests"),
     ),
     Mutation(
-        "scheduler: an aborted request's slot never freed (each client that drops its stream leaks a slot)",
+        "scheduler: an aborted request leaves the batch without its slot freed (each dropped stream leaks a slot)",
         "engine/scheduler.py", "for req in out.aborted:\n            self._release(req)",
-        "for req in out.aborted:\n            pass", OVERLOAD,
+        "for req in out.aborted:\n            self.running.pop(req.slot, None)", OVERLOAD,
     ),
     Mutation(
         "serving: a stream its client dropped not aborted (its slot stays busy until max_tokens)", "server/serving.py",
