@@ -209,7 +209,8 @@ def test_sigterm_under_load_completes_in_flight_requests_refuses_new_ones_and_ex
     process = SERVERS[server]
     records: list[Record] = []
     thread = threading.Thread(target=lambda: records.extend(
-        load(server, clients=CLIENTS, duration_s=6.0, shapes=SHAPES, retry_pause_s=0.2, disconnect_fraction=0)))
+        load(server, clients=CLIENTS, duration_s=6.0, shapes=SHAPES, retry_pause_s=0.2,
+             disconnect_fraction=0)))  # every stream runs to its end: each one accepted must complete
     thread.start()
     deadline = time.monotonic() + 30
     while sum(gauges(server)[name] for name in GAUGES[:2]) < SLOTS + QUEUE and time.monotonic() < deadline:
@@ -227,4 +228,5 @@ def test_sigterm_under_load_completes_in_flight_requests_refuses_new_ones_and_ex
     assert all(r.status == 503 or r.transport_error for r in after), [r for r in after if r.status != 503][:3]
     draining = [r for r in after if r.status == 503]
     assert draining and all(r.error["error"]["code"] == "draining" for r in draining), draining[:3]
-    print(f"SIGTERM: {len(in_flight)} in flight (of {len(accepted)} accepted) completed, {len(draining)} refused with 503, exit in {exit_s:.1f} s")
+    print(f"SIGTERM: {len(in_flight)} in flight (of {len(accepted)} accepted) completed, {len(draining)} refused "
+          f"with 503, exit in {exit_s:.1f} s")
