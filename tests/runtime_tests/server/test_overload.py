@@ -62,7 +62,8 @@ CONFIG = {"model": str(TINY), "framework": "torch", "max_num_seqs": SLOTS, "max_
           "max_context_length": 64, "server": {"max_queue": QUEUE, "drain_timeout_s": DRAIN_TIMEOUT_S}}
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
-pytestmark = pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="no tiny test model (make tiny-models)")
+pytestmark = [pytest.mark.slow,  # 35-50 s: the main suite only, not .venv312's fast pass
+              pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="no tiny test model (make tiny-models)")]
 
 
 @pytest.fixture(scope="module")
