@@ -84,7 +84,7 @@ async def _run(url: str, clients: int, duration_s: float, shapes: list[Shape], d
     deadline = time.monotonic() + duration_s
     disconnectors = math.ceil(clients * disconnect_fraction)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(timeout=duration_s + finish_grace_s, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=None, limits=limits) as http:  # the cut bounds every request
 
         async def client(index: int) -> None:
             rng = random.Random(seed * 1_000_003 + index)

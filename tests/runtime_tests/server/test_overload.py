@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -238,3 +239,26 @@ def test_sigterm_under_load_completes_in_flight_requests_refuses_new_ones_and_ex
     assert draining and all(r.error["error"]["code"] == "draining" for r in draining), draining[:3]
     print(f"SIGTERM: {len(in_flight)} in flight (of {len(accepted)} accepted) completed, {len(draining)} refused "
           f"with 503, exit in {exit_s:.1f} s")
+
+
+# -- the load generator itself ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:8000", "http://example.com", "https://127.0.0.1.nip.io:8000"])
+def test_the_load_generator_refuses_anything_but_loopback(url):
+    with pytest.raises(ValueError, match="only targets loopback"):
+        load(url, clients=1, duration_s=1, shapes=SHAPES)
+
+
+def test_the_load_generator_stops_by_itself_when_the_server_never_answers():
+    """A server that accepts connections and never answers: every request is cut finish_grace_s after the
+    deadline, and the run ends then."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        started = time.monotonic()
+        records = load(f"http://127.0.0.1:{listener.getsockname()[1]}", clients=2, duration_s=0.5, shapes=SHAPES,
+                       finish_grace_s=0.5)
+        elapsed = time.monotonic() - started
+    assert elapsed < 5, elapsed
+    assert len(records) == 2 and all(r.transport_error.startswith("cut:") for r in records), records
