@@ -175,8 +175,7 @@ def test_accepted_requests_complete_with_transformers_greedy_text(overload, refe
     statuses = {r.status for r in overload.records}
     assert statuses <= {200, 429}, [r for r in overload.records if r.status not in (200, 429)][:3]
     accepted = [r for r in overload.records if r.status == 200 and not r.disconnected]
-    assert len(accepted) >= 10, f"only {len(accepted)} accepted requests: too few to judge"
-    assert {r.shape.route for r in accepted} == {"chat", "completions"}
+    assert len(accepted) >= SLOTS + QUEUE, f"only {len(accepted)} accepted requests: too few to judge"
     assert_complete_with_reference_text(accepted, references)
 
 
