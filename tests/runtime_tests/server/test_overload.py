@@ -186,8 +186,8 @@ def test_the_excess_gets_429_with_retry_after_and_an_openai_error(overload):
         assert r.retry_after is not None and int(r.retry_after) >= 1, r
         error = r.error["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["code"] == "queue_full", r
+    # (Not the waiting gauge against QUEUE: it also counts requests on their way to a slot that is free.)
     assert overload.sampler.peaks["vllm:num_requests_running"] == SLOTS, "the load filled every slot"
-    assert overload.sampler.peaks["vllm:num_requests_waiting"] <= QUEUE
     accepted = [r for r in overload.records if r.status == 200]
     print(f"{len(overload.records)} requests in {LOAD_SECONDS:g} s: {len(accepted)} accepted "
           f"({sum(r.disconnected for r in accepted)} dropped by their clients), {len(refused)} refused with 429")
