@@ -116,7 +116,7 @@ async def _request(http: httpx.AsyncClient, url: str, record: Record, disconnect
                 record.error = json.loads(body) if body.startswith(b"{") else {"raw": body.decode(errors="replace")}
             else:
                 await _read_events(response, record, sent, disconnect)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: an event that is not JSON
         record.transport_error = f"{type(exc).__name__}: {exc}"
     finally:
         record.latency_s = time.monotonic() - sent
