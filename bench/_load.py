@@ -83,7 +83,9 @@ async def _run(url: str, clients: int, duration_s: float, shapes: list[Shape], d
     records: list[Record] = []
     deadline = time.monotonic() + duration_s
     disconnectors = math.ceil(clients * disconnect_fraction)
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    # A connection per request: a pooled connection that the server closes as idle just when a client picks it
+    # up fails that request without any fault of the server's (the keep-alive race), and muddles what is measured.
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=None, limits=limits) as http:  # the cut bounds every request
 
         async def client(index: int) -> None:
