@@ -21,7 +21,7 @@ DEDUPE_VENVS = if command -v hardlink >/dev/null && test -d $(VENV) -a -d $(VENV
 # Where heavy, machine-wide artifacts live (converted models, Kubernetes binaries): never in the repo.
 export NEURONMODEL_CACHE ?= $(HOME)/.cache/neuronmodel
 
-.PHONY: run test test-fast test-py312 lint bench env env312 default-model tiny-models mutation clean
+.PHONY: run test test-fast test-py312 lint bench soak overload env env312 default-model tiny-models mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -97,6 +97,16 @@ bench: default-model
 .PHONY: bench-gpu
 bench-gpu:
 	bash bench/gpu.sh
+
+## The soak: SOAK_SECONDS (30 minutes by default) of mixed traffic against the default model, as `make run` serves
+## it; prints RSS growth and latency drift as JSON figure lines (bench/_soak.py). Not part of `make test` or `bench`.
+SOAK_SECONDS ?= 1800
+soak: default-model
+	SOAK_SECONDS=$(SOAK_SECONDS) $(PY) bench/_soak.py
+
+## The overload test at the issue's full 60 s of load (the main suite runs it for 15 s).
+overload: $(STAMP)
+	OVERLOAD_SECONDS=60 $(PY) -m pytest -q tests/runtime_tests/server/test_overload.py
 
 ## Re-create the committed tiny test models (deterministic; minutes on 2 cores).
 tiny-models: $(STAMP)

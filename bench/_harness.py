@@ -44,14 +44,22 @@ def p50(values: list[float]) -> float:
     return statistics.median(values)
 
 
-#: The base URL of each running `runtime_server` -> its process id.
-SERVERS: dict[str, int] = {}
+#: The base URL of each running `runtime_server` -> its process.
+SERVERS: dict[str, subprocess.Popen] = {}
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (VmRSS), in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"/proc/{pid}/status has no VmRSS (a zombie?)")
 
 
 def engine_counters(url: str) -> dict[str, float]:
@@ -75,7 +83,7 @@ def runtime_server(config: dict, ready_timeout: float = 300.0, env: Optional[dic
                    script: Optional[Path] = None, script_args: tuple[str, ...] = ()) -> Iterator[str]:
     """Run `neuronmodel-runtime serve` (or `script CONFIG *script_args`) with this RuntimeConfig (and these extra
     environment variables) in a subprocess; yield its base URL once /ready answers 200. `SERVERS[url]` is its
-    process id."""
+    process."""
     port = free_port()
     config = {**config, "server": {**config.get("server", {}), "port": port, "host": "127.0.0.1"}}
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"neuronmodel-bench-{port}.json"
@@ -130,7 +138,7 @@ def _server(command: list[str], port: int, ready_path: str, ready_timeout: float
             ) -> Iterator[str]:
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
-    SERVERS[url] = proc.pid
+    SERVERS[url] = proc
     try:
         deadline = time.monotonic() + ready_timeout
         while True:

@@ -230,7 +230,7 @@ def host_overhead(model: str, clients: int = 64, tokens: int = 256, step_ms: flo
     config = {"model": model, "max_num_seqs": clients, "max_model_len": 512, "max_context_length": 256}
     with runtime_server(config, script=ROOT / "bench" / "_instant_server.py", script_args=(str(step_ms),)) as url:
         asyncio.run(server_concurrent(url, Path(model).name, work[:4], 4))  # warm-up
-        pid = SERVERS[url]
+        pid = SERVERS[url].pid
         runs = []
         for _ in range(5):
             before, cpu = engine_counters(url), cpu_seconds(pid)

@@ -65,6 +65,7 @@ FETCH_FULL = ("tests/runtime_tests/artifacts/test_fetch.py", "-k", "full_volume"
 STORE_FULL = ("tests/runtime_tests/artifacts/test_store.py", "-k", "full or fills")
 DAMAGED_ENTRY = ("tests/runtime_tests/artifacts/test_compile_job.py", "-k", "damaged_store_entry")
 GROUP_KILLED = ("tests/runtime_tests/distributed/test_group_processes.py", "-k", "killed")
+OVERLOAD = ("tests/runtime_tests/server/test_overload.py",)
 
 
 @dataclass(frozen=True)
@@ -594,6 +595,19 @@ MUTATIONS += [
         "app.add_exception_handler(RequestValidationError, _on_validation_error)", "pass",
         FUZZ + ("-k", "generated_requests"),
     ),
+    Mutation(
+        "scheduler: an aborted request leaves the batch without its slot freed (each dropped stream leaks a slot)",
+        "engine/scheduler.py", "for req in out.aborted:\n            self._release(req)",
+        "for req in out.aborted:\n            self.running.pop(req.slot, None)", OVERLOAD,
+    ),
+    Mutation(
+        "serving: a stream its client dropped not aborted (its slot stays busy until max_tokens)", "server/serving.py",
+        "self._closed = True\n        self.abort()", "self._closed = True", OVERLOAD,
+    ),
+    Mutation(
+        "drain: SIGTERM does not wait for the requests in flight (uvicorn's 5 s close, then the engine stops)",
+        "server/serving.py", "if await self._wait_live(timeout):", "if True:", OVERLOAD,
+    ),
 ]
 
 #: Runs pytest in the copy after checking that the copy (and the mutated text) is what gets imported.
@@ -625,12 +639,12 @@ sys.exit(pytest.main(args))
 
 def make_copy(root: Path) -> None:
     """runtime/, operator/ and their tests copied (no bytecode), pyproject.toml (pytest's settings); tests/assets
-    crds/ (the committed CRD and samples), scripts/ (the control plane's pins) and README.md (tables tests read)
-    are linked."""
+    crds/ (the committed CRD and samples), scripts/ (the control plane's pins), bench/ (the load generator) and
+    README.md (tables tests read) are linked."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for folder in ("runtime", "operator", "tests/runtime_tests", "tests/operator_tests"):
         shutil.copytree(REPO / folder, root / folder, ignore=ignore)
-    for linked in ("tests/assets", "crds", "scripts", "README.md"):
+    for linked in ("tests/assets", "crds", "scripts", "bench", "README.md"):
         (root / linked).symlink_to(REPO / linked)
     shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
 
