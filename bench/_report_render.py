@@ -110,7 +110,8 @@ def skipped_servers(figures: list[dict]) -> dict[str, str]:
 def sweep_section(sweep: dict[str, dict[int, dict]], skipped: dict[str, str], plots: list[Path]) -> list[str]:
     head = ["## Throughput and latency against concurrency", "", _prose(
             "`bench/concurrency.py`: C clients each send streaming greedy chat requests back to back, the same "
-            "client, model and requests for every server (ours: the torch reference runner; "
+            "client, model and requests for every server (ours: the torch reference runner, eager as `make run` "
+            "serves it; the compiled runner is `server_over_runner_compiled` and `ours_over_vllm_compiled` below; "
             "`transformers serve --continuous-batching`; vLLM's CPU build). Tokens are those each server reports "
             "in its usage chunk; TTFT runs to the first chunk with content; the per-token latency is a request's "
             "time after its first token over its remaining tokens. On a machine busy with other work (the load average "
