@@ -269,24 +269,23 @@ MUTATIONS = [
         MODEL_FILES + ("-k", "tokenizer"),
     ),
     Mutation(
-        "fetch: a full volume is a bare OSError traceback", "fetch.py",
-        "            full = no_space(exc)\n", "            full = None\n",
+        "fetch: a full volume is an OSError traceback, not a FetchError", "fetch.py",
+        "with no_space_as(FetchError, dest,", "with no_space_as(OSError, dest,",
         FETCH_FULL,
     ),
     Mutation(
         "store: a put that fills the store leaves its partial entry", "artifacts/store.py",
-        "            self._discard(key.digest)\n", "",
+        "                self._discard(key.digest)\n", "",
         STORE_FULL,
     ),
     Mutation(
-        "store: a fetch into a full folder is a bare OSError", "artifacts/store.py",
-        "            return self._fetch_into(key, manifest, dest)\n        except Exception as exc:",
-        "            return self._fetch_into(key, manifest, dest)\n        except NotImplementedError as exc:",
+        "store: a fetch into a full folder is an OSError, not a CacheError", "artifacts/store.py",
+        "with no_space_as(CacheError, dest,", "with no_space_as(OSError, dest,",
         STORE_FULL,
     ),
     Mutation(
-        "prepare: a compile that fills its volume is a bare OSError", "artifacts/prepare.py",
-        "            return took\n    except Exception as exc:", "            return took\n    except NotImplementedError as exc:",
+        "prepare: a compile that fills its volume is an OSError, not a CacheError", "artifacts/prepare.py",
+        "with no_space_as(CacheError, local,", "with no_space_as(OSError, local,",
         STORE_FULL,
     ),
     Mutation(

@@ -38,8 +38,8 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from neuronmodel_runtime.artifacts.folder import (FETCH_MARKER, has_files, install, locked, no_space, no_space_message,
-                                                  read_json, sweep, write_json)
+from neuronmodel_runtime.artifacts.folder import (FETCH_MARKER, has_files, install, locked, no_space_as, read_json,
+                                                  sweep, write_json)
 from neuronmodel_runtime.config.sources import ModelSource, SourceError, parse_source
 from neuronmodel_runtime.remotes import PROGRESS, S3, FetchError, Hub, Remote, RemoteFile
 
@@ -230,14 +230,9 @@ def fetch(source: str, dest: str | os.PathLike, revision: Optional[str] = None, 
         if _is_fetched(dest, parsed.url, revision):  # by the fetch we waited for
             log.info("%s already fetched into %s", shown, dest)
             return read_json(dest / MARKER) or {}
-        try:
+        with no_space_as(FetchError, dest, f"{shown}: ", f", then run fetch again (the files it finished stay in "
+                         f"{dest}.partial and are not downloaded again)"):
             return _fetch_locked(parsed, revision, dest, workers, progress_every_s, shown)
-        except Exception as exc:
-            full = no_space(exc)
-            if full is None:
-                raise
-            raise FetchError(f"{shown}: {no_space_message(dest, full)}, then run fetch again (the files it finished "
-                             f"stay in {dest}.partial and are not downloaded again)") from exc
 
 
 def _fetch_locked(source: ModelSource, revision: Optional[str], dest: Path, workers: int, progress_every_s: float,

@@ -101,9 +101,8 @@ def scan_files(src: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
-def no_space(exc: BaseException) -> Optional[OSError]:
-    """The OSError of a full volume (ENOSPC) or a reached quota (EDQUOT) that `exc` is or was raised from, else None.
-    A write's OSError names no file: the caller names the folder it was writing."""
+def _full_volume(exc: BaseException) -> Optional[OSError]:
+    """The OSError of a full volume (ENOSPC) or a reached quota (EDQUOT) that `exc` is or was raised from, else None."""
     seen: Optional[BaseException] = exc
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -112,12 +111,21 @@ def no_space(exc: BaseException) -> Optional[OSError]:
     return None
 
 
-def no_space_message(folder: str | Path, error: OSError) -> str:
-    """'no space left ...' naming `folder` (and the file written when the error names it: a copy's error names its
-    source first, its destination second) and the fix."""
-    written = error.filename2 or error.filename
-    where = f"{folder} ({written})" if written else str(folder)
-    return f"no space left on device writing {where}: free space on that volume or make it larger"
+@contextlib.contextmanager
+def no_space_as(error: type[Exception], folder: str | Path, before: str, after: str) -> Iterator[None]:
+    """A full volume met inside (raised, or the cause of what was raised) becomes one `error`: `before`, 'no space
+    left ...' naming `folder` (a write's OSError names no file; a copy's names its source first, the file written
+    second, shown when there is one) and the fix, then `after`. Any other error passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        full = _full_volume(exc)
+        if full is None:
+            raise
+        written = full.filename2 or full.filename
+        where = f"{folder} ({written})" if written else str(folder)
+        raise error(f"{before}no space left on device writing {where}: free space on that volume or make it "
+                    f"larger{after}") from exc
 
 
 # --- work folders ----------------------------------------------------------------------------------------------------
@@ -242,5 +250,5 @@ def locked(lock: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-__all__ = ["ARTIFACTS_MARKER", "FETCH_MARKER", "has_files", "install", "locked", "no_space", "no_space_message",
-           "read_json", "scan_files", "staging", "stays_inside", "sweep", "write_json"]
+__all__ = ["ARTIFACTS_MARKER", "FETCH_MARKER", "has_files", "install", "locked", "no_space_as", "read_json",
+           "scan_files", "staging", "stays_inside", "sweep", "write_json"]

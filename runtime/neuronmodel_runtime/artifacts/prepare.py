@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from neuronmodel_runtime.artifacts.folder import ARTIFACTS_MARKER, install, no_space, no_space_message, staging
+from neuronmodel_runtime.artifacts.folder import ARTIFACTS_MARKER, install, no_space_as, staging
 from neuronmodel_runtime.artifacts.key import ArtifactKey, artifact_key, is_prepared, key_inputs, write_marker
 from neuronmodel_runtime.artifacts.store import (DEFAULT_LOCK_TTL_S, DEFAULT_POLL_S, ArtifactStore, CacheError,
                                                  FileStore)
@@ -87,20 +87,15 @@ class Outcome:
 def _compile_into(local: Path, key: ArtifactKey, compile: Callable[[Path], None]) -> float:
     """Compile into a staging folder that becomes `local`; the seconds the compile took. A full volume is a
     CacheError naming `local` (the staging folder is removed)."""
-    try:
-        with staging(local) as building:
-            start = time.monotonic()
-            compile(building)
-            took = time.monotonic() - start
-            write_marker(building, key, "compiled")
-            install(building, local, ARTIFACTS_MARKER)
-            return took
-    except Exception as exc:
-        full = no_space(exc)
-        if full is None:
-            raise
-        raise CacheError(f"compiling artifact key {key.digest}: {no_space_message(local, full)}, or point "
-                         f"${COMPILED_ARTIFACTS_ENV} (or NEURONMODEL_CACHE) at a larger one") from exc
+    with no_space_as(CacheError, local, f"compiling artifact key {key.digest}: ",
+                     f", or point ${COMPILED_ARTIFACTS_ENV} (or NEURONMODEL_CACHE) at a larger one"), \
+            staging(local) as building:
+        start = time.monotonic()
+        compile(building)
+        took = time.monotonic() - start
+        write_marker(building, key, "compiled")
+        install(building, local, ARTIFACTS_MARKER)
+        return took
 
 
 def prepare(store: Optional[ArtifactStore], key: ArtifactKey, local: Path, policy: str,

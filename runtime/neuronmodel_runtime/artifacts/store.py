@@ -33,8 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from neuronmodel_runtime.artifacts.folder import (ARTIFACTS_MARKER, install, no_space, no_space_message, scan_files,
-                                                  staging, stays_inside)
+from neuronmodel_runtime.artifacts.folder import (ARTIFACTS_MARKER, install, no_space_as, scan_files, staging,
+                                                  stays_inside)
 from neuronmodel_runtime.artifacts.key import ArtifactKey, write_marker
 
 log = logging.getLogger(__name__)
@@ -328,14 +328,9 @@ class ArtifactStore(abc.ABC):
         manifest, dest = self.lookup(key), Path(dest)
         if manifest is None:
             return False
-        try:
+        with no_space_as(CacheError, dest, f"{self.url}: fetching entry {key.digest}: ",
+                         " (nothing was installed; the next start fetches it again)"):
             return self._fetch_into(key, manifest, dest)
-        except Exception as exc:
-            full = no_space(exc)
-            if full is None:
-                raise
-            raise CacheError(f"{self.url}: fetching entry {key.digest}: {no_space_message(dest, full)} (nothing was "
-                             "installed; the next start fetches it again)") from exc
 
     def _fetch_into(self, key: ArtifactKey, manifest: Manifest, dest: Path) -> bool:
         with staging(dest) as building:
@@ -376,20 +371,18 @@ class ArtifactStore(abc.ABC):
         self._delete(f"{key.digest}/{MANIFEST}")  # an entry being replaced stops being a hit first
         manifest = Manifest(key.digest, key.inputs, entries, dict(timings), _now_iso(),
                             f"{socket.gethostname()}/{os.getpid()}")
-        try:
-            _parallel(lambda item: self._upload(item[1], f"{key.digest}/{item[0]}"), files, self.workers)
-            kept = {e.path for e in entries} | {MANIFEST}
-            for stale in self._list(key.digest):
-                if stale not in kept:
-                    self._delete(f"{key.digest}/{stale}")
-            self._write(f"{key.digest}/{MANIFEST}", manifest.to_json())
-        except Exception as exc:
-            self._discard(key.digest)
-            full = no_space(exc)
-            if full is None:
+        with no_space_as(CacheError, self.url, f"{self.url}: storing entry {key.digest}: ",
+                         " (the partial entry was removed)"):
+            try:
+                _parallel(lambda item: self._upload(item[1], f"{key.digest}/{item[0]}"), files, self.workers)
+                kept = {e.path for e in entries} | {MANIFEST}
+                for stale in self._list(key.digest):
+                    if stale not in kept:
+                        self._delete(f"{key.digest}/{stale}")
+                self._write(f"{key.digest}/{MANIFEST}", manifest.to_json())
+            except Exception:
+                self._discard(key.digest)
                 raise
-            raise CacheError(f"{self.url}: storing entry {key.digest}: {no_space_message(self.url, full)} (the "
-                             "partial entry was removed)") from exc
         log.info("%s: stored entry %s (%d files, %d bytes)", self.url, key.digest, len(entries), manifest.total_bytes)
         return manifest
 
