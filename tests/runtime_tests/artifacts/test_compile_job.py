@@ -49,13 +49,18 @@ def test_a_configuration_error_is_not_retried():
     assert log == ["compile", "shutdown"]
 
 
-def test_the_cli_compiles_into_the_store_once_then_hits(monkeypatch, tmp_path, capsys):
+def nxdi_compile_argv(monkeypatch, tmp_path) -> list[str]:
+    """`compile` of the tiny target on the fake NxDI 0.9, into the store folder tmp_path/pvc."""
     monkeypatch.setenv("NEURONMODEL_CACHE", str(tmp_path / "cache"))
     install_nxdi(monkeypatch, "0.9.17334", tmp_path / "site")
+    return ["compile", "--model", str(TARGET), "--framework", "nxdi", "--max-num-seqs", "2", "--max-model-len", "64",
+            "--max-context-length", "32", "--compile-cache-url", str(tmp_path / "pvc")]
+
+
+def test_the_cli_compiles_into_the_store_once_then_hits(monkeypatch, tmp_path, capsys):
+    argv = nxdi_compile_argv(monkeypatch, tmp_path)
     from neuronx_distributed_inference.models import model_base
 
-    argv = ["compile", "--model", str(TARGET), "--framework", "nxdi", "--max-num-seqs", "2", "--max-model-len", "64",
-            "--max-context-length", "32", "--compile-cache-url", str(tmp_path / "pvc")]
     assert cli.main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert first["compiled"] is True and first["hit"] is False and model_base.COMPILES == 1
@@ -76,12 +81,9 @@ def test_a_damaged_store_entry_is_ignored_with_a_warning_compiled_and_stored_aga
     """A new pod's start-up path (the CLI, prepare_artifacts, the store): an entry with a file that does not verify,
     or whose writer died before its manifest, is a miss with a WARNING naming the entry; the key is compiled again
     and its entry stored again, so the pod after it fetches a good one."""
-    monkeypatch.setenv("NEURONMODEL_CACHE", str(tmp_path / "cache"))
-    install_nxdi(monkeypatch, "0.9.17334", tmp_path / "site")
+    argv = nxdi_compile_argv(monkeypatch, tmp_path)
     from neuronx_distributed_inference.models import model_base
 
-    argv = ["compile", "--model", str(TARGET), "--framework", "nxdi", "--max-num-seqs", "2", "--max-model-len", "64",
-            "--max-context-length", "32", "--compile-cache-url", str(tmp_path / "pvc")]
     assert cli.main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     entry = tmp_path / "pvc" / first["key"]
