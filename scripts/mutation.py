@@ -259,6 +259,13 @@ MUTATIONS = [
         HANDLERS, OPERATOR,
     ),
     Mutation(
+        "handlers: a namespace being deleted retried like RBAC drift (403s in the log until it is gone)",
+        "handlers.py",
+        "            if exc.namespace_terminating:\n                log.info(",
+        "            if False:\n                log.info(",
+        HANDLERS, OPERATOR,
+    ),
+    Mutation(
         "checkpoint: a damaged safetensors file reported without its path and the fix", "runners/checkpoint.py",
         "        except SafetensorError as exc:\n", "        except NotImplementedError as exc:\n",
         MODEL_FILES + ("-k", "damaged_weights"),

@@ -10,6 +10,7 @@
   that heals by itself, or a child the API server refused. A spec the operator cannot serve is not retried (the
   Failed condition and an Event are written) until its generation changes. A 401/403 that persists for
   ACCESS_DENIED_REPORT_AFTER attempts is put in status.warnings and a Warning Event: RBAC drift is visible.
+  The 403 of a namespace being deleted is neither retried nor reported: the model is deleted with its namespace.
 - Any event of a child (Deployment, LeaderWorkerSet, Job, Service, ConfigMap, PDB, HPA, ResourceClaimTemplate,
   serving Pod), found by the `managed-by` label, refreshes its owner (`reconcile.py`): a deleted or hand-edited
   child is restored within seconds, and the status follows the workload and its pods. Runs are serialised per
@@ -50,8 +51,6 @@ RETRY_BASE_S = 2.0
 RETRY_CAP_S = 300.0
 #: Consecutive 401/403 answers after which the model's status says so.
 ACCESS_DENIED_REPORT_AFTER = 3
-#: The API server's 403 message for a create in a namespace that is being deleted (NamespaceLifecycle admission).
-NAMESPACE_TERMINATING = "because it is being terminated"
 Key = tuple[str, str]  # (namespace, name) of a NeuronModel
 #: Children whose events re-run their owner's reconcile: (group, version, plural).
 CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("", "v1", "pods"), ("apps", "v1", "deployments"),
@@ -125,7 +124,7 @@ class Reconciler:
     async def _count_denied(self, key: Key, exc: ApiError, body: Optional[dict]) -> None:
         """A 401/403: after ACCESS_DENIED_REPORT_AFTER in a row, once, into the status and an Event. Not the 403
         that a namespace being deleted answers every create with: that is no RBAC drift, and the model goes too."""
-        if exc.status not in (401, 403) or NAMESPACE_TERMINATING in exc.message:
+        if exc.status not in (401, 403) or exc.namespace_terminating:
             self.denied.pop(key, None)
             return
         self.denied[key] = count = self.denied.get(key, 0) + 1
@@ -193,6 +192,9 @@ class Reconciler:
             if outcome.child_error:
                 self._retry_later(key, outcome.child_error)
         except ApiError as exc:
+            if exc.namespace_terminating:
+                log.info("%s/%s: its namespace is being deleted, and the model with it: not reconciled again", *key)
+                return
             self._retry_later(key, str(exc))
         except Exception:  # never let one object's bug stop the others
             log.exception("reconcile of %s/%s failed", *key)

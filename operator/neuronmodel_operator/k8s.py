@@ -44,13 +44,25 @@ KINDS = {
 }
 
 
-class ApiError(Exception):
-    """A failed API call: `status` is the HTTP status (0 for a network error), `message` the server's reason."""
+#: details.causes[].type of the API server's refusal to create in a namespace being deleted (core/v1).
+NAMESPACE_TERMINATING_CAUSE = "NamespaceTerminating"
 
-    def __init__(self, status: int, message: str):
+
+class ApiError(Exception):
+    """A failed API call: `status` is the HTTP status (0 for a network error), `message` the server's reason,
+    `causes` the types of the Status's details.causes (a StatusCause's type is its JSON "reason")."""
+
+    def __init__(self, status: int, message: str, causes: tuple[str, ...] = ()):
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+        self.causes = causes
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """The 403 that NamespaceLifecycle admission answers every create in a namespace being deleted with: no RBAC
+        drift, and nothing to retry (the namespace's objects go with it)."""
+        return self.status == 403 and NAMESPACE_TERMINATING_CAUSE in self.causes
 
     @property
     def retryable(self) -> bool:
@@ -104,8 +116,11 @@ class Kube:
             return None
         data = json.loads(response.data) if response.data else {}
         if response.status >= 300:
-            raise ApiError(response.status, data.get("message", response.reason) if isinstance(data, dict)
-                           else str(data))
+            if not isinstance(data, dict):
+                raise ApiError(response.status, str(data))
+            causes = ((data.get("details") or {}).get("causes")) or []
+            raise ApiError(response.status, data.get("message", response.reason),
+                           tuple(str(cause.get("reason", "")) for cause in causes if isinstance(cause, dict)))
         return data
 
     @staticmethod

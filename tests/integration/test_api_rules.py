@@ -4,6 +4,8 @@ server-side apply resets spec.replicas that its sole manager stops setting, unle
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from neuronmodel_operator import api as nm
@@ -52,3 +54,27 @@ def test_replicas_a_sole_manager_omits_are_reset_unless_handed_over(kube, namesp
     kube.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": namespace},
                 "spec": {"replicas": 3}}, field_manager=nm.HANDOVER_FIELD_MANAGER)
     assert kube.apply(_deployment(namespace, None))["spec"]["replicas"] == 3
+
+
+def test_a_create_in_a_namespace_being_deleted_is_a_403_marked_namespace_terminating(kube, admin_client,
+                                                                                     wait_until):
+    """The operator tells this 403 from RBAC drift by its cause (handlers.Reconciler neither retries nor reports
+    it): the real API server's refusal carries it, an RBAC refusal does not."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(admin_client)
+    name = f"t-ending-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    held = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "held", "namespace": name, "finalizers": ["neuronmodel.test/hold"]}}
+    kube.apply(held)
+    try:
+        core.delete_namespace(name)
+        wait_until("the namespace terminating", lambda: core.read_namespace(name).status.phase == "Terminating")
+        with pytest.raises(ApiError) as refused:
+            kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "new", "namespace": name}})
+        assert refused.value.status == 403 and refused.value.namespace_terminating
+    finally:
+        core.patch_namespaced_config_map("held", name, {"metadata": {"finalizers": None}})
+    other = ApiError(403, 'configmaps is forbidden: User "x" cannot create resource "configmaps"')
+    assert not other.namespace_terminating

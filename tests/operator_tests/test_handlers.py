@@ -84,12 +84,38 @@ def test_persisting_access_denied_is_reported_once(code):
 @pytest.mark.parametrize("error", [
     ApiError(503, "etcd leader changed"),
     ApiError(403, 'configmaps "llama-runtime-0c1d" is forbidden: unable to create new content in namespace team '
-                  'because it is being terminated'),
+                  'because it is being terminated', causes=("NamespaceTerminating",)),
 ], ids=["unavailable", "namespace-terminating"])
 def test_other_api_errors_are_not_reported_as_access_denied(error):
     reconcile = ScriptedReconcile(*[error] * 5)
     run(reconcile, attempts=5)
     assert reconcile.reported == []
+
+
+TERMINATING = ApiError(403, "unable to create new content in namespace team because it is being terminated",
+                       causes=("NamespaceTerminating",))
+
+
+@pytest.mark.parametrize("error, retried", [
+    (ApiError(503, "etcd leader changed"), True),
+    (ApiError(403, 'configmaps is forbidden: User "system:serviceaccount:nm:op" cannot create resource'), True),
+    (TERMINATING, False),
+], ids=["unavailable", "rbac", "namespace-terminating"])
+def test_a_namespace_being_deleted_is_not_retried_or_warned_about(monkeypatch, caplog, error, retried):
+    """Every create in a namespace being deleted is refused with a 403 until the namespace (and the model in it) is
+    gone: retrying only fills the log with 403s that look like RBAC drift. Any other refusal is retried."""
+    monkeypatch.setattr(handlers, "backoff_s", lambda attempt: 0.01)
+    reconcile = ScriptedReconcile(error, Outcome())
+
+    async def main():
+        reconciler = handlers.Reconciler(reconcile, ThreadPoolExecutor(max_workers=1))
+        reconciler.models[KEY] = BODY
+        await reconciler._background(KEY, full=True, body=BODY)
+        await asyncio.sleep(0.3)  # a retry, if one was scheduled, has run by now
+    asyncio.run(main())
+    assert reconcile.calls == (2 if retried else 1)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert bool(warned) == retried
 
 
 class RecordingReconcile(ScriptedReconcile):
