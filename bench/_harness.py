@@ -18,6 +18,14 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TARGET = ROOT / "tests" / "assets" / "tiny" / "target"
 TINY_DRAFT = ROOT / "tests" / "assets" / "tiny" / "draft"
+#: The benches' prompts: one short-story request per topic (`story`).
+TOPICS = ["the sea", "a mountain", "bread", "the moon", "rivers", "old books", "trains", "winter", "bees",
+          "a lighthouse", "chess", "rain", "the desert", "clocks", "forests", "music"]
+
+
+def story(i: int) -> list[dict]:
+    """Chat messages of the `i`-th bench prompt (the topics repeat)."""
+    return [{"role": "user", "content": f"Write a short story about {TOPICS[i % len(TOPICS)]}."}]
 
 
 def figure(name: str, value: float, goal: str, **extra) -> dict:

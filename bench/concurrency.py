@@ -47,6 +47,7 @@ from _harness import (
     p50,
     runtime_server,
     skipped,
+    story,
     stream_completion,
     transformers_server,
     vllm_server,
@@ -54,8 +55,6 @@ from _harness import (
 
 from neuronmodel_runtime.config import default_model_path
 
-TOPICS = ["the sea", "a mountain", "bread", "the moon", "rivers", "old books", "trains", "winter", "bees",
-          "a lighthouse", "chess", "rain", "the desert", "clocks", "forests", "music"]
 CHAT = "/v1/chat/completions"
 #: Ours and vLLM's (the tiny model's limit; vLLM refuses a longer one than the model's)
 MAX_MODEL_LEN = 1024
@@ -86,7 +85,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def request(model: str, i: int, tokens: int) -> dict:
     return {"model": model, "max_tokens": tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Write a short story about {TOPICS[i % len(TOPICS)]}."}]}
+            "messages": story(i)}
 
 
 async def sweep_level(server: Served, clients: int, rounds: int, tokens: int) -> Level:

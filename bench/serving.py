@@ -45,12 +45,14 @@ from _harness import (
     ROOT,
     SERVERS,
     TINY_TARGET,
+    TOPICS,
     VLLM_BIN,
     cpu_seconds,
     engine_counters,
     figure,
     p50,
     runtime_server,
+    story,
     stream_completion,
     sync,
     vllm_server,
@@ -62,16 +64,9 @@ from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch
 from neuronmodel_runtime.runners.torch_reference import TorchReferenceRunner
 from neuronmodel_runtime.sampling.params import GREEDY
 
-TOPICS = ["the sea", "a mountain", "bread", "the moon", "rivers", "old books", "trains", "winter", "bees",
-          "a lighthouse", "chess", "rain", "the desert", "clocks", "forests", "music"]
-
 
 def prompts(tokenizer, n: int) -> list[list[int]]:
-    out = []
-    for i in range(n):
-        msgs = [{"role": "user", "content": f"Write a short story about {TOPICS[i % len(TOPICS)]}."}]
-        out.append(chat_prompt_ids(tokenizer, msgs))
-    return out
+    return [chat_prompt_ids(tokenizer, story(i)) for i in range(n)]
 
 
 DEVICE = "cpu"  # --device: where the runners (and the server's) run; cuda:N when a GPU is lent
