@@ -614,6 +614,11 @@ MUTATIONS += [
         "drain: SIGTERM does not wait for the requests in flight (uvicorn's 5 s close, then the engine stops)",
         "server/serving.py", "if await self._wait_live(timeout):", "if True:", OVERLOAD,
     ),
+    Mutation(
+        "drain: the draining flag never set (/ready and new requests answer the engine's 'not_ready', not 'draining')",
+        "server/serving.py", "self.draining = True\n        self.engine.stop_accepting()",
+        "self.engine.stop_accepting()", OVERLOAD + ("-k", "sigterm"),
+    ),
 ]
 
 #: Runs pytest in the copy after checking that the copy (and the mutated text) is what gets imported.
