@@ -53,18 +53,18 @@ SLOTS, QUEUE = 2, 2
 CLIENTS = 10 * (SLOTS + QUEUE)
 LOAD_SECONDS = float(os.environ.get("OVERLOAD_SECONDS", "15"))
 RSS_BOUND_MB = 1300
-#: The grace period: ample for the 4 requests in flight of 96 tokens (2 at a time) at a loaded CI machine's 0.3 s
+#: The grace period: ample for the 4 requests in flight of 192 tokens (2 at a time) at a loaded CI machine's 0.3 s
 #: per step (measured: 80-340 ms), so that the test sees the drain, never its timeout.
-DRAIN_TIMEOUT_S = 120.0
+DRAIN_TIMEOUT_S = 150.0
 #: uvicorn's connection close after the drain (server/drain.py), and the interpreter's exit.
 EXIT_SLACK_S = 10.0
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog, and then it runs into the forest to find its friends"
 SHAPES = [Shape(route, prompt, max_tokens) for route in ("chat", "completions")
           for prompt in ("Once upon a time", LONG_PROMPT) for max_tokens in (4, 24)]
 #: The SIGTERM test's, long (greedy, they end at max_tokens): the drain lasts until the requests in the slots and
-#: the queue finish, at least 96 steps for the queued ones, far longer than the test's own request sent once the drain
+#: the queue finish, at least 192 steps for the queued ones, far longer than the test's own request sent once the drain
 #: began takes to be refused; new requests see a 503 only then (after it, the port is closed).
-LONG_SHAPES = [Shape("completions", "Once upon a time", 96), Shape("completions", LONG_PROMPT, 96)]
+LONG_SHAPES = [Shape("completions", "Once upon a time", 192), Shape("completions", LONG_PROMPT, 192)]
 CONFIG = {"model": str(TINY), "framework": "torch", "max_num_seqs": SLOTS, "max_model_len": 256,
           "max_context_length": 64, "server": {"max_queue": QUEUE, "drain_timeout_s": DRAIN_TIMEOUT_S}}
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
