@@ -303,7 +303,7 @@ def _group_args(args: argparse.Namespace) -> dict:
 
 def _worker_start(config: RuntimeConfig, args: argparse.Namespace) -> Callable[[], int]:
     """`worker`: this process's rank (never the leader), its host's other processes, the group, its runner."""
-    from neuronmodel_runtime.distributed.worker import serve_steps
+    from neuronmodel_runtime.distributed.worker import run_worker
 
     selection = select_framework(config.framework, detect_frameworks())
     path = model_path_of(config)
@@ -318,7 +318,7 @@ def _worker_start(config: RuntimeConfig, args: argparse.Namespace) -> Callable[[
                           "`neuronmodel-runtime serve` there")
     os.environ.update(neuron_compile_cache(config))
     runner = rank_runner(selection.framework, config, str(path), topology, args.worker_args)
-    return functools.partial(serve_steps, runner)
+    return functools.partial(run_worker, runner)
 
 
 def _compile_runner_factory(config: RuntimeConfig) -> Callable[[], Any]:

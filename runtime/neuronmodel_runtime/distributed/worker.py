@@ -9,6 +9,8 @@ engine goes on; a failure of the group itself ends the process.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from typing import Callable
 
 from neuronmodel_runtime.distributed import channel
@@ -56,4 +58,17 @@ def serve_steps(runner: ModelRunner, silence_s: float = LEADER_SILENCE_S) -> int
         runner.shutdown()  # a lost group is not left: its peers are gone, and the process exits now
 
 
-__all__ = ["LEADER_SILENCE_S", "serve_steps"]
+def run_worker(runner: ModelRunner) -> int:
+    """The `worker` command: serve_steps, and on a lost group leave the process at once (os._exit), as the leader
+    does. The interpreter's normal exit destroys the lost group's gloo process group while its threads still hold
+    the broken connections, and that aborts the process now and then (std::terminate: exit status -6, not 3)."""
+    status = serve_steps(runner)
+    if status == EXIT_GROUP_LOST:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+__all__ = ["LEADER_SILENCE_S", "run_worker", "serve_steps"]
