@@ -33,7 +33,7 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 #: Revision of the CRD's schema, written into it as the annotation crdgen.ANNOTATION_REVISION. Bump it with every
 #: schema change (tests/operator_tests/test_crd.py fails until you do): the operator refuses to start on a cluster
 #: whose CRD is older (crd_check.py), since Helm never upgrades the CRDs of a chart's crds/.
-CRD_REVISION = 5
+CRD_REVISION = 6
 
 FIELD_MANAGER = "neuronmodel-operator"
 #: The field manager that takes spec.replicas over from FIELD_MANAGER when a model switches to spec.autoscaling (the
@@ -142,6 +142,11 @@ class DraftModel(_Spec):
                                                   f"draftModel.source must be {_SOURCE_FORMS}")))
     revision: Optional[str] = Field(None, description="hf:// revision (branch, tag or commit); default main.",
                                     max_length=256)
+    eagle3: Optional[bool] = Field(
+        None, description="Mode eagle: the draft is an EAGLE3 checkpoint (its config.json names an Eagle3 "
+        "architecture). Engine vllm on inf2/trn1 needs it to compile the draft as EAGLE3 (vLLM Neuron 0.5 never sets "
+        "NxDI's is_eagle3; the operator sets it); our runtime reads it from the checkpoint, and vLLM Neuron on trn2 "
+        "takes EAGLE3 drafts only.")
 
 
 class ModelSpec(_Spec):
@@ -247,17 +252,16 @@ class Autoscaling(_Spec):
 
 
 class Rollout(_Spec):
-    model_config = ConfigDict(json_schema_extra=_rules((
-        "!(string(self.maxUnavailable) in ['0', '0%'] && string(self.maxSurge) in ['0', '0%'])",
-        "rollout.maxUnavailable and rollout.maxSurge must not both be 0 (a rollout could replace no pod): set "
-        "maxSurge 1 (needs spare NeuronCores) or maxUnavailable 1")))
-
-    max_unavailable: Union[int, str] = Field(
-        0, description="Pods that may be unavailable during a rollout; 0 keeps serving capacity.",
+    max_unavailable: Optional[Union[int, str]] = Field(
+        None, description="Pods (groups when nodes > 1) that may be unavailable during a rollout; default 0 on one "
+        "node (serving capacity kept), 1 for nodes > 1 (a group is replaced in place).",
         json_schema_extra={"x-kubernetes-int-or-string": True})
-    max_surge: Union[int, str] = Field(
-        1, description="Extra pods during a rollout: they need spare NeuronCores; with none free, set maxSurge 0 "
-        "and maxUnavailable 1.", json_schema_extra={"x-kubernetes-int-or-string": True})
+    max_surge: Optional[Union[int, str]] = Field(
+        None, description="Extra pods (groups when nodes > 1) during a rollout; default 1 on one node, where the "
+        "surge pod needs spare NeuronCores (with none free, set maxSurge 0 and maxUnavailable 1), and 0 for nodes > 1: "
+        "with an exclusive group topology key (parallelism.groupTopologyKey) a surge group needs a whole free node "
+        "group, which a cluster sized one node group per replica never has; set it only with a spare one.",
+        json_schema_extra={"x-kubernetes-int-or-string": True})
 
 
 class Server(_Spec):
@@ -311,6 +315,31 @@ def _tp_rules() -> list[tuple[str, str]]:
     return rules
 
 
+_ZERO = "string(self.rollout.{0}) in ['0', '0%']"
+#: Unset, rollout is 0 / 1 on one node and 1 / 0 for nodes > 1 (placement.ROLLOUT_DEFAULTS): refused is a pair that,
+#: with those defaults, replaces no pod.
+_ROLLOUT_RULE = (
+    f"self.parallelism.nodes == 1 ? !(has(self.rollout.maxSurge) && {_ZERO.format('maxSurge')} && "
+    f"(!has(self.rollout.maxUnavailable) || {_ZERO.format('maxUnavailable')})) : "
+    f"!(has(self.rollout.maxUnavailable) && {_ZERO.format('maxUnavailable')} && "
+    f"(!has(self.rollout.maxSurge) || {_ZERO.format('maxSurge')}))",
+    "rollout.maxUnavailable and rollout.maxSurge must not both be 0 (a rollout could replace no pod; unset, they "
+    "are 0 and 1 on one node, 1 and 0 for nodes > 1): set maxSurge 1 (needs spare NeuronCores, for nodes > 1 a spare "
+    "node group) or maxUnavailable 1")
+#: Node labels that select Karpenter or EKS Auto Mode nodes, on which EKS supports the Neuron device plugin only, not
+#: the Neuron DRA driver (EKS user guide, "device-management-neuron"): Karpenter's NodePool label (Auto Mode's nodes
+#: carry it too) and Auto Mode's compute type.
+KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
+COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
+_DRA_RULES = (
+    (f"self.deviceAllocation != 'dra' || !has(self.nodeSelector) || !('{KARPENTER_NODEPOOL_LABEL}' in "
+     f"self.nodeSelector || ('{COMPUTE_TYPE_LABEL}' in self.nodeSelector && "
+     f"self.nodeSelector['{COMPUTE_TYPE_LABEL}'] == 'auto'))",
+     f"deviceAllocation dra is not supported on Karpenter or EKS Auto Mode nodes (nodeSelector "
+     f"{KARPENTER_NODEPOOL_LABEL} or {COMPUTE_TYPE_LABEL}: auto), which run the Neuron device plugin: use "
+     "deviceAllocation devicePlugin there, or select nodes of a managed or self-managed node group"),
+)
+
 #: What engine vllm refuses of the spec (resolve.py refuses the same, for a spec admitted under an older CRD).
 _VLLM_RULES = (
     ("self.engine != 'vllm' || self.framework == 'auto'",
@@ -326,6 +355,10 @@ _VLLM_RULES = (
      "instanceType must be a Neuron instance type with engine vllm: vLLM Neuron serves inf2, trn1 and trn2; set one "
      "(or leave it out for the smallest that holds the TP degree), or use engine neuronmodel with framework torch "
      "for a CPU node"),
+    ("self.engine != 'vllm' || self.speculation.mode == 'none' || self.sampling.onDevice",
+     "sampling.onDevice must be true with engine vllm and speculation: vLLM Neuron reads the accepted draft tokens "
+     "from the on-device sampler's output only (inf2/trn1) or refuses to speculate without it (trn2); set "
+     "sampling.onDevice true, or speculation.mode none, or use engine neuronmodel"),
     ("self.engine != 'vllm' || self.parallelism.nodes == 1",
      "parallelism.nodes must be 1 with engine vllm: vLLM Neuron serves no tensor parallelism across nodes; use one "
      "node (a larger instanceType), or engine neuronmodel"),
@@ -347,6 +380,10 @@ class NeuronModelSpec(_Spec):
          "framework torch for the CPU reference runner"),
         ("self.framework != 'tnx' || !has(self.instanceType) || !self.instanceType.startsWith('trn2')",
          "transformers-neuronx (framework tnx) never supported trn2: use framework nxdi (or auto)"),
+        ("self.framework != 'tnx' || self.parallelism.nodes == 1",
+         "parallelism.nodes must be 1 with framework tnx: the transformers-neuronx image (Neuron SDK 2.25) has no EFA "
+         "userspace, so the collectives between nodes cannot run; use framework nxdi (or auto) for a multi-node "
+         "group"),
         ("!has(self.parallelism.logicalCoreConfig) || (has(self.instanceType) && "
          "self.instanceType.startsWith('trn2'))",
          "parallelism.logicalCoreConfig applies to trn2 only: remove it or set a trn2 instanceType"),
@@ -370,6 +407,8 @@ class NeuronModelSpec(_Spec):
         ("!has(self.parallelism.groupTopologyKey) || self.parallelism.nodes > 1",
          "parallelism.groupTopologyKey applies to nodes > 1 (where a serving group spans nodes): remove it, or set "
          "parallelism.nodes"),
+        _ROLLOUT_RULE,
+        *_DRA_RULES,
         *_VLLM_RULES,
         *_tp_rules(),
     ))
