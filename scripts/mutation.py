@@ -637,7 +637,7 @@ MUTATIONS += [
     ),
     Mutation(
         "DRA: Karpenter / Auto Mode nodes accepted (EKS runs the device plugin there)", "placement.py",
-        'if api.KARPENTER_NODEPOOL_LABEL in selector or selector.get(api.COMPUTE_TYPE_LABEL) == "auto":', "if False:",
+        'if KARPENTER_NODEPOOL_LABEL in selector or selector.get(COMPUTE_TYPE_LABEL) == "auto":', "if False:",
         DRA, package=OPERATOR,
     ),
     Mutation(

@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from neuronmodel_operator import devices
+from neuronmodel_operator import devices, placement
 from neuronmodel_runtime.config import env as runtime_env
 from neuronmodel_runtime.config import rules, sources
 from neuronmodel_runtime.config.model import CachePolicy, Dtype, Framework
@@ -315,31 +315,6 @@ def _tp_rules() -> list[tuple[str, str]]:
     return rules
 
 
-_ZERO = "string(self.rollout.{0}) in ['0', '0%']"
-#: Unset, rollout is 0 / 1 on one node and 1 / 0 for nodes > 1 (placement.ROLLOUT_DEFAULTS): refused is a pair that,
-#: with those defaults, replaces no pod.
-_ROLLOUT_RULE = (
-    f"self.parallelism.nodes == 1 ? !(has(self.rollout.maxSurge) && {_ZERO.format('maxSurge')} && "
-    f"(!has(self.rollout.maxUnavailable) || {_ZERO.format('maxUnavailable')})) : "
-    f"!(has(self.rollout.maxUnavailable) && {_ZERO.format('maxUnavailable')} && "
-    f"(!has(self.rollout.maxSurge) || {_ZERO.format('maxSurge')}))",
-    "rollout.maxUnavailable and rollout.maxSurge must not both be 0 (a rollout could replace no pod; unset, they "
-    "are 0 and 1 on one node, 1 and 0 for nodes > 1): set maxSurge 1 (needs spare NeuronCores, for nodes > 1 a spare "
-    "node group) or maxUnavailable 1")
-#: Node labels that select Karpenter or EKS Auto Mode nodes, on which EKS supports the Neuron device plugin only, not
-#: the Neuron DRA driver (EKS user guide, "device-management-neuron"): Karpenter's NodePool label (Auto Mode's nodes
-#: carry it too) and Auto Mode's compute type.
-KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
-COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
-_DRA_RULES = (
-    (f"self.deviceAllocation != 'dra' || !has(self.nodeSelector) || !('{KARPENTER_NODEPOOL_LABEL}' in "
-     f"self.nodeSelector || ('{COMPUTE_TYPE_LABEL}' in self.nodeSelector && "
-     f"self.nodeSelector['{COMPUTE_TYPE_LABEL}'] == 'auto'))",
-     f"deviceAllocation dra is not supported on Karpenter or EKS Auto Mode nodes (nodeSelector "
-     f"{KARPENTER_NODEPOOL_LABEL} or {COMPUTE_TYPE_LABEL}: auto), which run the Neuron device plugin: use "
-     "deviceAllocation devicePlugin there, or select nodes of a managed or self-managed node group"),
-)
-
 #: What engine vllm refuses of the spec (resolve.py refuses the same, for a spec admitted under an older CRD).
 _VLLM_RULES = (
     ("self.engine != 'vllm' || self.framework == 'auto'",
@@ -407,8 +382,8 @@ class NeuronModelSpec(_Spec):
         ("!has(self.parallelism.groupTopologyKey) || self.parallelism.nodes > 1",
          "parallelism.groupTopologyKey applies to nodes > 1 (where a serving group spans nodes): remove it, or set "
          "parallelism.nodes"),
-        _ROLLOUT_RULE,
-        *_DRA_RULES,
+        placement.ROLLOUT_RULE,
+        *placement.DRA_RULES,
         *_VLLM_RULES,
         *_tp_rules(),
     ))
@@ -455,7 +430,9 @@ class NeuronModelSpec(_Spec):
         "(extended resources; pods on part of a node use the Neuron scheduler extension); dra: a ResourceClaim per "
         "pod from a ResourceClaimTemplate on the Neuron DRA driver's DeviceClass neuron.aws.com, whole devices "
         "(neuronResource does not apply), a connected group of 4, 8 or 16, the LNC in its config (Kubernetes >= "
-        "1.34, nodes without the device plugin).")
+        "1.34, nodes without the device plugin). Several devices per pod only on EFA-enabled instance types (the "
+        "driver publishes its connected-group attributes there only: not inf2); not on Karpenter or EKS Auto Mode "
+        "nodes, where EKS runs the device plugin.")
     neuron_resource: devices.NeuronResource = Field(
         "neuroncore", description="neuroncore: request aws.amazon.com/neuroncore = TP/nodes; neuron: request "
         "whole aws.amazon.com/neuron devices.")

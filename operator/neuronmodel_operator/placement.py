@@ -12,22 +12,51 @@ domain exists: never refused (as LWS and KServe take it), but warned about, sinc
 carry maxSurge 1 written into their spec by the older CRD.
 
 DRA. EKS supports the Neuron DRA driver on managed and self-managed node groups, not on Karpenter or Auto Mode nodes
-(the device plugin runs there): a nodeSelector naming those is refused, as the CRD refuses it. The driver publishes its connected-group attributes (resource.aws.com/devicegroup{1,4,8,16}_id)
-on EFA-enabled instances only (aws-neuron-sdk deploy/eks/dra.rst, "EFA-Enabled Instance Attributes"). A pod of
-more than one device needs them (builders/dra.py's matchAttribute): NxDI needs connected devices, a ring segment on
-inf2, a group of the torus on trn. Dropping the constraint there would let the driver hand out any devices, which
-the device plugin with the Neuron scheduler extension does right; so such a claim is refused, naming that fix.
+(the device plugin runs there): a nodeSelector naming those is refused (DRA_RULES, and dra_refusal for a spec
+admitted under an older CRD). The driver publishes its connected-group attributes
+(resource.aws.com/devicegroup{1,4,8,16}_id) on EFA-enabled instances only (aws-neuron-sdk deploy/eks/dra.rst,
+"EFA-Enabled Instance Attributes"). A pod of more than one device needs them (builders/dra.py's matchAttribute):
+NxDI needs connected devices, a ring segment on inf2, a group of the torus on trn. Dropping the constraint there
+would let the driver hand out any devices, which the device plugin with the Neuron scheduler extension does right;
+so such a claim is refused (dra_refusal), naming that fix. resolve.py raises what this module finds.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
-from neuronmodel_operator import api, devices
-from neuronmodel_operator.api import NeuronModelSpec, SpecError
+from neuronmodel_operator import devices
+
+if TYPE_CHECKING:  # api.py imports this module for its CEL rules
+    from neuronmodel_operator.api import NeuronModelSpec
 
 #: The rollout of an unset spec.rollout field: (maxUnavailable, maxSurge) by whether a serving group spans nodes.
 ROLLOUT_DEFAULTS = {False: (0, 1), True: (1, 0)}
+_ZERO = "string(self.rollout.{0}) in ['0', '0%']"
+#: The CRD's rule (on the spec): refused is a pair that, with ROLLOUT_DEFAULTS for the unset field, replaces no pod.
+ROLLOUT_RULE = (
+    f"self.parallelism.nodes == 1 ? !(has(self.rollout.maxSurge) && {_ZERO.format('maxSurge')} && "
+    f"(!has(self.rollout.maxUnavailable) || {_ZERO.format('maxUnavailable')})) : "
+    f"!(has(self.rollout.maxUnavailable) && {_ZERO.format('maxUnavailable')} && "
+    f"(!has(self.rollout.maxSurge) || {_ZERO.format('maxSurge')}))",
+    "rollout.maxUnavailable and rollout.maxSurge must not both be 0 (a rollout could replace no pod; unset, they "
+    "are 0 and 1 on one node, 1 and 0 for nodes > 1): set maxSurge 1 (needs spare NeuronCores, for nodes > 1 a spare "
+    "node group) or maxUnavailable 1")
+
+#: Node labels that select Karpenter or EKS Auto Mode nodes: Karpenter's NodePool label (Auto Mode's nodes carry it
+#: too) and Auto Mode's compute type.
+KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
+COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
+_NOT_ON_KARPENTER = (
+    "deviceAllocation dra is not supported on Karpenter or EKS Auto Mode nodes (nodeSelector "
+    f"{KARPENTER_NODEPOOL_LABEL} or {COMPUTE_TYPE_LABEL}: auto), which run the Neuron device plugin: use "
+    "deviceAllocation devicePlugin there, or select nodes of a managed or self-managed node group")
+#: The CRD's rules of deviceAllocation dra.
+DRA_RULES = (
+    (f"self.deviceAllocation != 'dra' || !has(self.nodeSelector) || !('{KARPENTER_NODEPOOL_LABEL}' in "
+     f"self.nodeSelector || ('{COMPUTE_TYPE_LABEL}' in self.nodeSelector && "
+     f"self.nodeSelector['{COMPUTE_TYPE_LABEL}'] == 'auto'))", _NOT_ON_KARPENTER),
+)
 
 
 def rollout(spec: NeuronModelSpec) -> dict[str, Union[int, str]]:
@@ -53,28 +82,22 @@ def surge_warning(spec: NeuronModelSpec, topology_key: Optional[str]) -> Optiona
             "rollout.maxSurge 0 and rollout.maxUnavailable 1 (or remove spec.rollout: the default for nodes > 1)")
 
 
-def check_dra(spec: NeuronModelSpec, instance: devices.InstanceType, devices_per_pod: int) -> None:
-    """Refuse deviceAllocation dra where the claim cannot ask for connected devices (the module docstring).
-
-    Raises:
-        SpecError: naming the field and the fix.
-    """
+def dra_refusal(spec: NeuronModelSpec, instance: devices.InstanceType, devices_per_pod: int) -> Optional[str]:
+    """Why deviceAllocation dra cannot place the pods (the module docstring; the spec field and the fix named), or
+    None."""
     if spec.device_allocation != "dra":
-        return
+        return None
     selector = spec.node_selector
-    if api.KARPENTER_NODEPOOL_LABEL in selector or selector.get(api.COMPUTE_TYPE_LABEL) == "auto":
-        raise SpecError(f"spec.deviceAllocation: dra is not supported on Karpenter or EKS Auto Mode nodes (nodeSelector "
-                        f"{api.KARPENTER_NODEPOOL_LABEL} or {api.COMPUTE_TYPE_LABEL}: auto), which run the Neuron "
-                        "device plugin: use deviceAllocation devicePlugin there, or select nodes of a managed or "
-                        "self-managed node group")
+    if KARPENTER_NODEPOOL_LABEL in selector or selector.get(COMPUTE_TYPE_LABEL) == "auto":
+        return f"spec.{_NOT_ON_KARPENTER}"
     if devices_per_pod <= 1 or instance.dra_device_groups:
-        return
+        return None
     having = ", ".join(name for name, t in devices.INSTANCE_TYPES.items() if t.dra_device_groups)
-    raise SpecError(f"spec.deviceAllocation: dra gives each pod {devices_per_pod} Neuron devices of one "
-                    f"{instance.name}, which must be connected, and the Neuron DRA driver publishes its "
-                    f"connected-group attributes (resource.aws.com/devicegroupN_id) only on EFA-enabled instances "
-                    f"({having}); use deviceAllocation devicePlugin (with the Neuron scheduler extension), or one of "
-                    "those instance types")
+    return (f"spec.deviceAllocation: dra gives each pod {devices_per_pod} Neuron devices of one {instance.name}, which "
+            "must be connected, and the Neuron DRA driver publishes its connected-group attributes "
+            f"(resource.aws.com/devicegroupN_id) only on EFA-enabled instances ({having}); use deviceAllocation "
+            "devicePlugin (with the Neuron scheduler extension), or one of those instance types")
 
 
-__all__ = ["ROLLOUT_DEFAULTS", "check_dra", "rollout", "surge_warning"]
+__all__ = ["COMPUTE_TYPE_LABEL", "DRA_RULES", "KARPENTER_NODEPOOL_LABEL", "ROLLOUT_DEFAULTS", "ROLLOUT_RULE",
+           "dra_refusal", "rollout", "surge_warning"]

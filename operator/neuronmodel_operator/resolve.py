@@ -348,7 +348,8 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     # DRA allocates whole devices, like the device plugin's aws.amazon.com/neuron
     dra = spec.device_allocation == "dra"
     request = devices.neuron_request(instance, lnc, cores_per_pod, "neuron" if dra else spec.neuron_resource)
-    placement.check_dra(spec, instance, request.devices)
+    if refusal := placement.dra_refusal(spec, instance, request.devices):
+        raise SpecError(refusal)
     scheduler, scheduler_warning = scheduler_for(spec, instance, lnc, request, defaults)
     warnings = [scheduler_warning] if scheduler_warning else []
     if (parameters := spec.model.parameter_count()) is not None:

@@ -81,7 +81,7 @@ def test_several_devices_where_the_driver_publishes_no_group_attribute_are_refus
 @pytest.mark.parametrize("selector", [{"karpenter.sh/nodepool": "neuron"}, {"eks.amazonaws.com/compute-type": "auto"}])
 def test_dra_on_karpenter_or_auto_mode_nodes_is_refused(selector):
     """EKS supports the Neuron DRA driver on managed and self-managed node groups only (device-management-neuron)."""
-    with pytest.raises(SpecError, match=r"^spec.deviceAllocation: dra is not supported on Karpenter or EKS Auto Mode "
+    with pytest.raises(SpecError, match=r"^spec.deviceAllocation dra is not supported on Karpenter or EKS Auto Mode "
                                         r"nodes .*use deviceAllocation devicePlugin there"):
         trn1_target(nodeSelector=selector)
     assert golden.target("draft-hf", nodeSelector=selector).spec.device_allocation == "devicePlugin"

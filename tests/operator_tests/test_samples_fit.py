@@ -85,7 +85,8 @@ def test_every_pod_of_every_sample_fits_the_documented_node(body):
         requests = pod_requests(spec)
         too_much = {name: (round(value, 1), round(node.get(name, 0), 1)) for name, value in requests.items()
                     if value > node.get(name, 0)}
-        assert not too_much, f"{kind} of {body['metadata']['name']} on {instance.name}: (request, allocatable) {too_much}"
+        name = body["metadata"]["name"]
+        assert not too_much, f"{kind} of {name} on {instance.name}: (request, allocatable) {too_much}"
 
 
 def test_the_arithmetic_of_the_page_is_the_node_shapes():
