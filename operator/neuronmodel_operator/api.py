@@ -382,6 +382,10 @@ class NeuronModelSpec(_Spec):
         ("!has(self.parallelism.groupTopologyKey) || self.parallelism.nodes > 1",
          "parallelism.groupTopologyKey applies to nodes > 1 (where a serving group spans nodes): remove it, or set "
          "parallelism.nodes"),
+        ("!has(self.speculation.draftModel) || !has(self.speculation.draftModel.eagle3) || "
+         "self.speculation.mode == 'eagle'",
+         "speculation.draftModel.eagle3 applies to speculation.mode eagle (it says the EAGLE draft is an EAGLE3 "
+         "checkpoint): remove it, or set speculation.mode eagle"),
         placement.ROLLOUT_RULE,
         *placement.DRA_RULES,
         *_VLLM_RULES,

@@ -384,6 +384,9 @@ REJECTED = [
     ("vllm-trn2-eagle-host-sampling", _merge(TRN2, {**VLLM, "parallelism": {"tensorParallelDegree": 8},
                                                     "sampling": {"onDevice": False}, "speculation": {
         "mode": "eagle", "draftModel": {"source": "hf://org/eagle3"}}}), VLLM_HOST_SAMPLING),
+    ("eagle3-draft-of-mode-draft", _merge(INF2, {"speculation": {"mode": "draft", "draftModel": {
+        "source": "hf://org/small", "eagle3": True}}}),
+     "speculation.draftModel.eagle3 applies to speculation.mode eagle"),
     ("tnx-two-nodes", _merge(TRN1, {"framework": "tnx", "parallelism": {"tensorParallelDegree": 64, "nodes": 2}}),
      "parallelism.nodes must be 1 with framework tnx: the transformers-neuronx image (Neuron SDK 2.25) has no EFA"),
     ("one-node-surge-0-alone", _merge(CPU, {"rollout": {"maxSurge": 0}}), NOTHING_REPLACED),

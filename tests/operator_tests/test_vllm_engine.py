@@ -295,6 +295,10 @@ def test_an_eagle3_draft_on_the_nxdi_line_is_compiled_as_eagle3():
     eagle = {"mode": "eagle", "draftModel": {"source": "hf://org/eagle-draft"}}
     eagle3 = {"mode": "eagle", "draftModel": {"source": "hf://org/eagle-draft", "eagle3": True}}
     assert _resolve(_spec(INF2, speculation=eagle)).compile_key != _resolve(_spec(INF2, speculation=eagle3)).compile_key
+    rules = {r["rule"]: r["message"] for r in crdgen.spec_schema()["x-kubernetes-validations"]}
+    assert rules["!has(self.speculation.draftModel) || !has(self.speculation.draftModel.eagle3) || "
+                 "self.speculation.mode == 'eagle'"].startswith("speculation.draftModel.eagle3 applies to "
+                                                                "speculation.mode eagle")
 
 
 def test_the_served_name_host_and_port():
