@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from neuronmodel_operator import devices
+from neuronmodel_operator import devices, placement
 from neuronmodel_runtime.config import env as runtime_env
 from neuronmodel_runtime.config import rules, sources
 from neuronmodel_runtime.config.model import CachePolicy, Dtype, Framework
@@ -33,7 +33,7 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 #: Revision of the CRD's schema, written into it as the annotation crdgen.ANNOTATION_REVISION. Bump it with every
 #: schema change (tests/operator_tests/test_crd.py fails until you do): the operator refuses to start on a cluster
 #: whose CRD is older (crd_check.py), since Helm never upgrades the CRDs of a chart's crds/.
-CRD_REVISION = 5
+CRD_REVISION = 6
 
 FIELD_MANAGER = "neuronmodel-operator"
 #: The field manager that takes spec.replicas over from FIELD_MANAGER when a model switches to spec.autoscaling (the
@@ -142,6 +142,11 @@ class DraftModel(_Spec):
                                                   f"draftModel.source must be {_SOURCE_FORMS}")))
     revision: Optional[str] = Field(None, description="hf:// revision (branch, tag or commit); default main.",
                                     max_length=256)
+    eagle3: Optional[bool] = Field(
+        None, description="Mode eagle: the draft is an EAGLE3 checkpoint (its config.json names an Eagle3 "
+        "architecture). Engine vllm on inf2/trn1 needs it to compile the draft as EAGLE3 (vLLM Neuron 0.5 never sets "
+        "NxDI's is_eagle3; the operator sets it); our runtime reads it from the checkpoint, and vLLM Neuron on trn2 "
+        "takes EAGLE3 drafts only.")
 
 
 class ModelSpec(_Spec):
@@ -247,17 +252,16 @@ class Autoscaling(_Spec):
 
 
 class Rollout(_Spec):
-    model_config = ConfigDict(json_schema_extra=_rules((
-        "!(string(self.maxUnavailable) in ['0', '0%'] && string(self.maxSurge) in ['0', '0%'])",
-        "rollout.maxUnavailable and rollout.maxSurge must not both be 0 (a rollout could replace no pod): set "
-        "maxSurge 1 (needs spare NeuronCores) or maxUnavailable 1")))
-
-    max_unavailable: Union[int, str] = Field(
-        0, description="Pods that may be unavailable during a rollout; 0 keeps serving capacity.",
+    max_unavailable: Optional[Union[int, str]] = Field(
+        None, description="Pods (groups when nodes > 1) that may be unavailable during a rollout; default 0 on one "
+        "node (serving capacity kept), 1 for nodes > 1 (a group is replaced in place).",
         json_schema_extra={"x-kubernetes-int-or-string": True})
-    max_surge: Union[int, str] = Field(
-        1, description="Extra pods during a rollout: they need spare NeuronCores; with none free, set maxSurge 0 "
-        "and maxUnavailable 1.", json_schema_extra={"x-kubernetes-int-or-string": True})
+    max_surge: Optional[Union[int, str]] = Field(
+        None, description="Extra pods (groups when nodes > 1) during a rollout; default 1 on one node, where the "
+        "surge pod needs spare NeuronCores (with none free, set maxSurge 0 and maxUnavailable 1), and 0 for nodes > 1: "
+        "with an exclusive group topology key (parallelism.groupTopologyKey) a surge group needs a whole free node "
+        "group, which a cluster sized one node group per replica never has; set it only with a spare one.",
+        json_schema_extra={"x-kubernetes-int-or-string": True})
 
 
 class Server(_Spec):
@@ -326,6 +330,10 @@ _VLLM_RULES = (
      "instanceType must be a Neuron instance type with engine vllm: vLLM Neuron serves inf2, trn1 and trn2; set one "
      "(or leave it out for the smallest that holds the TP degree), or use engine neuronmodel with framework torch "
      "for a CPU node"),
+    ("self.engine != 'vllm' || self.speculation.mode == 'none' || self.sampling.onDevice",
+     "sampling.onDevice must be true with engine vllm and speculation: vLLM Neuron reads the accepted draft tokens "
+     "from the on-device sampler's output only (inf2/trn1) or refuses to speculate without it (trn2); set "
+     "sampling.onDevice true, or speculation.mode none, or use engine neuronmodel"),
     ("self.engine != 'vllm' || self.parallelism.nodes == 1",
      "parallelism.nodes must be 1 with engine vllm: vLLM Neuron serves no tensor parallelism across nodes; use one "
      "node (a larger instanceType), or engine neuronmodel"),
@@ -347,6 +355,10 @@ class NeuronModelSpec(_Spec):
          "framework torch for the CPU reference runner"),
         ("self.framework != 'tnx' || !has(self.instanceType) || !self.instanceType.startsWith('trn2')",
          "transformers-neuronx (framework tnx) never supported trn2: use framework nxdi (or auto)"),
+        ("self.framework != 'tnx' || self.parallelism.nodes == 1",
+         "parallelism.nodes must be 1 with framework tnx: the transformers-neuronx image (Neuron SDK 2.25) has no EFA "
+         "userspace, so the collectives between nodes cannot run; use framework nxdi (or auto) for a multi-node "
+         "group"),
         ("!has(self.parallelism.logicalCoreConfig) || (has(self.instanceType) && "
          "self.instanceType.startsWith('trn2'))",
          "parallelism.logicalCoreConfig applies to trn2 only: remove it or set a trn2 instanceType"),
@@ -370,6 +382,12 @@ class NeuronModelSpec(_Spec):
         ("!has(self.parallelism.groupTopologyKey) || self.parallelism.nodes > 1",
          "parallelism.groupTopologyKey applies to nodes > 1 (where a serving group spans nodes): remove it, or set "
          "parallelism.nodes"),
+        ("!has(self.speculation.draftModel) || !has(self.speculation.draftModel.eagle3) || "
+         "self.speculation.mode == 'eagle'",
+         "speculation.draftModel.eagle3 applies to speculation.mode eagle (it says the EAGLE draft is an EAGLE3 "
+         "checkpoint): remove it, or set speculation.mode eagle"),
+        placement.ROLLOUT_RULE,
+        *placement.DRA_RULES,
         *_VLLM_RULES,
         *_tp_rules(),
     ))
@@ -416,7 +434,9 @@ class NeuronModelSpec(_Spec):
         "(extended resources; pods on part of a node use the Neuron scheduler extension); dra: a ResourceClaim per "
         "pod from a ResourceClaimTemplate on the Neuron DRA driver's DeviceClass neuron.aws.com, whole devices "
         "(neuronResource does not apply), a connected group of 4, 8 or 16, the LNC in its config (Kubernetes >= "
-        "1.34, nodes without the device plugin).")
+        "1.34, nodes without the device plugin). Several devices per pod only on EFA-enabled instance types (the "
+        "driver publishes its connected-group attributes there only: not inf2); not on Karpenter or EKS Auto Mode "
+        "nodes, where EKS runs the device plugin.")
     neuron_resource: devices.NeuronResource = Field(
         "neuroncore", description="neuroncore: request aws.amazon.com/neuroncore = TP/nodes; neuron: request "
         "whole aws.amazon.com/neuron devices.")

@@ -99,8 +99,9 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], where: str, field: b
     optional = False
     if "anyOf" in node:
         branches = node.pop("anyOf")
-        if node.get("x-kubernetes-int-or-string"):
-            if sorted(b.get("type") for b in branches) != ["integer", "string"]:
+        if node.get("x-kubernetes-int-or-string"):  # Optional: a null branch besides, and not required
+            optional = {"type": "null"} in branches
+            if sorted(b.get("type") for b in branches if b != {"type": "null"}) != ["integer", "string"]:
                 raise SchemaError(f"{where}: int-or-string over {branches}")
         else:
             real = [b for b in branches if b != {"type": "null"}]

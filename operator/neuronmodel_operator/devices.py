@@ -79,6 +79,13 @@ class InstanceType:
     memory_gib: int  # host RAM
     efa_interfaces: int = 0  # EFA devices (vpc.amazonaws.com/efa); 0: none, and no multi-node collectives
 
+    @property
+    def dra_device_groups(self) -> bool:
+        """The Neuron DRA driver publishes resource.aws.com/devicegroup{1,4,8,16}_id on this type's devices: on
+        EFA-enabled instances only (aws-neuron-sdk deploy/eks/dra.rst, "EFA-Enabled Instance Attributes"), so not on
+        inf2, trn1.2xlarge or trn2.3xlarge."""
+        return self.efa_interfaces > 0
+
     def cores(self, lnc: int) -> int:
         """Logical NeuronCores the device plugin advertises on this node at `lnc`."""
         return self.devices * self.family.cores_per_device(lnc)

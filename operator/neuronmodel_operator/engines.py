@@ -27,8 +27,9 @@ NXDI_DERIVED = {
     **dict.fromkeys(("seq_len", "max_length", "n_positions"), "batching.maxSeqLen"),
     "torch_dtype": "model.dtype",
     "on_device_sampling_config": "sampling.onDevice and sampling.globalTopK",
-    **dict.fromkeys(("speculation_length", "enable_fused_speculation", "enable_eagle_speculation", "is_eagle3"),
+    **dict.fromkeys(("speculation_length", "enable_fused_speculation", "enable_eagle_speculation"),
                     "speculation.mode and speculation.numSpeculativeTokens"),
+    "is_eagle3": "speculation.draftModel.eagle3",
     **dict.fromkeys(("is_prefix_caching", "is_block_kv_layout", "pa_num_blocks", "pa_block_size"), _KV_LAYOUT),
     "save_sharded_checkpoint": "the operator (the weights load from the checkpoint)",
     "logical_nc_config": "parallelism.logicalCoreConfig",
@@ -49,6 +50,11 @@ def check_vllm(spec: NeuronModelSpec) -> None:
     if spec.speculation.mode in ("draft", "promptLookup"):
         raise SpecError(f"spec.speculation.mode: {spec.speculation.mode} is not served by engine vllm (vLLM Neuron "
                         "speculates with EAGLE drafts only); use mode eagle with an EAGLE draft, or engine neuronmodel")
+    if spec.speculation.mode != "none" and not spec.sampling.on_device:
+        raise SpecError("spec.sampling.onDevice must be true with engine vllm and speculation: vLLM Neuron reads the "
+                        "accepted draft tokens from the on-device sampler's output only (inf2/trn1) or refuses to "
+                        "speculate without it (trn2); set sampling.onDevice true, or speculation.mode none, or use "
+                        "engine neuronmodel")
     if spec.compile_cache.sharded_weights:
         raise SpecError("spec.compileCache.shardedWeights: vLLM Neuron loads the weights from the checkpoint and "
                         "stores compiled graphs only; remove shardedWeights, or use engine neuronmodel")

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
-from neuronmodel_operator import api, devices, engines, images, vllm_flags
+from neuronmodel_operator import api, devices, engines, images, placement, vllm_flags
 from neuronmodel_operator.api import NeuronModelSpec, SpecError
 from neuronmodel_runtime.config import keys
 from neuronmodel_runtime.releases import NXDI_UNSUPPORTED_ON_TRN
@@ -278,6 +278,22 @@ def support_warning(spec: NeuronModelSpec, image: str, family: str,
                        f"{support.says}. {fix}")
 
 
+def check_multi_node_image(spec: NeuronModelSpec, image: str, defaults: OperatorDefaults) -> None:
+    """Refuse the transformers-neuronx line across nodes (the CRD refuses framework tnx; here also an image of that
+    line, whatever it runs): its image, on the SDK 2.25 DLC, has no EFA userspace (libfabric's EFA provider: that DLC
+    never runs efa_installer.sh, the NxDI ones do), so the Neuron runtime's collectives between nodes have no
+    transport. Refused rather than installed: AWS's installer cannot be built or tested here."""
+    if spec.parallelism.nodes == 1:
+        return
+    known = images.target_of(image)
+    if spec.framework != "tnx" and (known is None or known.framework != "tnx"):
+        return
+    fix = "use framework nxdi (or auto)" if spec.framework == "tnx" else f"remove {defaults.image_source(spec)}"
+    raise SpecError(f"spec.parallelism.nodes: {spec.parallelism.nodes} nodes on the transformers-neuronx image: it "
+                    "(Neuron SDK 2.25) has no EFA userspace, so the collectives between the nodes cannot run; "
+                    f"{fix} for an NxDI image, which has it, or set parallelism.nodes 1")
+
+
 def check_device_top_k(spec: NeuronModelSpec) -> None:
     """Refuse a global top-k above the device's limit when a Neuron runner samples on the device (the CRD's rule;
     here for a spec that reached the operator past an older CRD)."""
@@ -301,8 +317,11 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         family = instance.family.name if instance else None
         image = defaults.image_for(spec, family)
         key = compile_key(spec, image, family, None)
-        return Resolved(spec.framework, spec.instance_type, family, None, 0, 0, {}, image, key, compile_job, (),
-                        scheduler_name=spec.scheduler_name, group_topology_key=group_topology_key(spec, defaults))
+        topology_key = group_topology_key(spec, defaults)
+        surge = placement.surge_warning(spec, topology_key)
+        return Resolved(spec.framework, spec.instance_type, family, None, 0, 0, {}, image, key, compile_job,
+                        (SpecWarning("SurgeNeedsSpareNodeGroup", surge),) if surge else (),
+                        scheduler_name=spec.scheduler_name, group_topology_key=topology_key)
     if spec.parallelism.tensor_parallel_degree % spec.parallelism.nodes:
         raise SpecError("spec.parallelism.nodes must divide spec.parallelism.tensorParallelDegree")
     check_device_top_k(spec)
@@ -315,9 +334,6 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         raise SpecError("spec.compileCache.shardedWeights with parallelism.nodes > 1: NxDI's compile writes the "
                         "pre-sharded weights of the compiling host's ranks only, so the other hosts' would be missing; "
                         "set shardedWeights false (each host shards its ranks at load)")
-    if spec.framework == "tnx" and spec.parallelism.nodes > 1 and family.name != "trn1":
-        raise SpecError(f"spec.parallelism.nodes: transformers-neuronx runs multi-node on trn1 only, not "
-                        f"{instance.name}; use framework nxdi (or auto), or parallelism.nodes 1")
     if spec.framework == "tnx" and not family.transformers_neuronx:
         raise SpecError(f"spec.framework: transformers-neuronx never supported {family.name}; use nxdi or auto")
     lnc_asked = spec.parallelism.logical_core_config
@@ -332,6 +348,8 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
     # DRA allocates whole devices, like the device plugin's aws.amazon.com/neuron
     dra = spec.device_allocation == "dra"
     request = devices.neuron_request(instance, lnc, cores_per_pod, "neuron" if dra else spec.neuron_resource)
+    if refusal := placement.dra_refusal(spec, instance, request.devices):
+        raise SpecError(refusal)
     scheduler, scheduler_warning = scheduler_for(spec, instance, lnc, request, defaults)
     warnings = [scheduler_warning] if scheduler_warning else []
     if (parameters := spec.model.parameter_count()) is not None:
@@ -343,6 +361,7 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
                                                                     ("HostMemoryShort", host)) if text]
     trn2_lnc = lnc if len(family.lnc_choices) > 1 else None
     image = defaults.image_for(spec, family.name)
+    check_multi_node_image(spec, image, defaults)
     fetch_image = None
     if spec.engine == "vllm":
         line = images.vllm_image_for(family.name)
@@ -353,10 +372,13 @@ def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:
         if support := support_warning(spec, image, family.name, defaults):
             warnings.append(support)
         key = compile_key(spec, image, family.name, trn2_lnc)
+    topology_key = group_topology_key(spec, defaults)
+    if surge := placement.surge_warning(spec, topology_key):
+        warnings.append(SpecWarning("SurgeNeedsSpareNodeGroup", surge))
     return Resolved(spec.framework, instance.name, family.name, trn2_lnc, request.cores, request.devices,
                     {} if dra else request.as_resources(), image, key, compile_job, tuple(warnings),
                     scheduler_name=scheduler, fetch_image=fetch_image, efa_per_pod=efa_per_pod(spec, instance),
-                    group_topology_key=group_topology_key(spec, defaults))
+                    group_topology_key=topology_key)
 
 
 def efa_per_pod(spec: NeuronModelSpec, instance: devices.InstanceType) -> int:

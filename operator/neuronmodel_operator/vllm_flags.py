@@ -16,7 +16,9 @@ NxDI line (inf2, trn1; vLLM 0.16.0, vllm-neuron 0.5, NxDI 0.10; vllm-neuron @3af
   (`neuronx_distributed_inference/models/config.py`): `context_encoding_buckets` (config/buckets.py, our runtime's
   rule), `on_device_sampling_config` (an OnDeviceSamplingConfig dict: `dynamic`, `deterministic`, `global_topk`
   as the plugin's default has them; null samples on the host, the runner's cpu_sampler),
-  `save_sharded_checkpoint: false` (the artifacts hold graphs only, whatever the release's default), then
+  `save_sharded_checkpoint: false` (the artifacts hold graphs only, whatever the release's default), `is_eagle3:
+  true` for an EAGLE3 draft (speculation.draftModel.eagle3: the plugin sets enable_eagle_speculation for method
+  "eagle" but never is_eagle3, which sets the draft's input width, `models/config.py`), then
   spec.neuronConfigOverrides.
 
 Native line (trn2; vLLM 0.29.0, vllm-neuron 0.29.0.1.2.0):
@@ -80,6 +82,8 @@ def additional_config(spec: NeuronModelSpec, line: str) -> dict[str, Any]:
     if line == "nxdi":
         neuron = {"context_encoding_buckets": context_buckets(spec.batching.max_context_length),
                   "on_device_sampling_config": _sampling(spec, line), "save_sharded_checkpoint": False}
+        if speculation(spec, line) is not None and spec.speculation.draft_model.eagle3:
+            neuron["is_eagle3"] = True  # the plugin never sets it: without, NxDI builds an EAGLE-1 draft graph
         return {"max_prompt_length": spec.batching.max_context_length,
                 "override_neuron_config": {**neuron, **overrides}}
     return {"neuron_config": {"on_device_sampling_config": _sampling(spec, line), **overrides}}

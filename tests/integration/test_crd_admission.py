@@ -50,6 +50,9 @@ VLLM_SPECULATION = ("speculation.mode draft and promptLookup are not served by e
 VLLM_SHARDED = ("compileCache.shardedWeights must be false with engine vllm: vLLM Neuron loads the weights from the "
                 "checkpoint and stores compiled graphs only; remove shardedWeights, or use engine neuronmodel")
 VLLM_NODES = "parallelism.nodes must be 1 with engine vllm"
+VLLM_HOST_SAMPLING = "sampling.onDevice must be true with engine vllm and speculation"
+NOTHING_REPLACED = "rollout.maxUnavailable and rollout.maxSurge must not both be 0"
+DRA_ON_KARPENTER = "deviceAllocation dra is not supported on Karpenter or EKS Auto Mode nodes"
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -129,7 +132,7 @@ def test_the_api_server_applies_the_defaults(crd, namespace):
     assert spec["speculation"] == {"mode": "none", "numSpeculativeTokens": 4, "promptLookupMin": 2,
                                    "promptLookupMax": 4}
     assert spec["compileCache"] == {"policy": "IfNotCached", "shardedWeights": False}
-    assert spec["rollout"] == {"maxUnavailable": 0, "maxSurge": 1}
+    assert spec["rollout"] == {}  # unset: by parallelism.nodes (placement.rollout), so no default is written
     assert spec["server"] == {"port": 8000}
     assert spec["model"] == {"source": "hf://org/model", "dtype": "auto"}
     assert spec["neuronResource"] == "neuroncore"
@@ -246,6 +249,16 @@ ACCEPTED = {
     "vllm-no-instance": {"model": {"source": "s3://my-bucket/llama"}, "engine": "vllm", "replicas": 1},
     "vllm-compile-cache": _merge(TRN1, {**VLLM, "compileCache": {"url": "s3://cache/prod", "policy": "Always"}}),
     "vllm-compile-cache-never": _merge(TRN2, {**VLLM, "compileCache": {"url": "pvc://cache/vllm", "policy": "Never"}}),
+    "vllm-inf2-eagle3": _merge(INF2, {**VLLM, "speculation": {"mode": "eagle", "draftModel": {
+        "source": "hf://org/eagle3", "eagle3": True}}}),
+    # unset fields of a group default to 1 / 0 (placement.rollout): either one alone may be 0
+    "group-in-place": _merge(TRN1, {"parallelism": {"tensorParallelDegree": 64, "nodes": 2},
+                                    "rollout": {"maxSurge": 0}}),
+    "group-surge": _merge(TRN1, {"parallelism": {"tensorParallelDegree": 64, "nodes": 2},
+                                 "rollout": {"maxUnavailable": 0, "maxSurge": 1}}),
+    "one-node-in-place": _merge(CPU, {"rollout": {"maxUnavailable": 1}}),
+    "dra-on-a-node-group": _merge(TRN1, {"deviceAllocation": "dra",
+                                         "nodeSelector": {"eks.amazonaws.com/compute-type": "ec2"}}),
 }
 
 
@@ -366,6 +379,23 @@ REJECTED = [
      VLLM_NODES),
     ("vllm-on-m5", _merge(INF2, {**VLLM, "instanceType": "m5.xlarge", "parallelism": {"tensorParallelDegree": 1}}),
      "instanceType must be a Neuron instance type with engine vllm"),
+    ("vllm-eagle-host-sampling", _merge(INF2, {**VLLM, "sampling": {"onDevice": False}, "speculation": {
+        "mode": "eagle", "draftModel": {"source": "hf://org/eagle3"}}}), VLLM_HOST_SAMPLING),
+    ("vllm-trn2-eagle-host-sampling", _merge(TRN2, {**VLLM, "parallelism": {"tensorParallelDegree": 8},
+                                                    "sampling": {"onDevice": False}, "speculation": {
+        "mode": "eagle", "draftModel": {"source": "hf://org/eagle3"}}}), VLLM_HOST_SAMPLING),
+    ("eagle3-draft-of-mode-draft", _merge(INF2, {"speculation": {"mode": "draft", "draftModel": {
+        "source": "hf://org/small", "eagle3": True}}}),
+     "speculation.draftModel.eagle3 applies to speculation.mode eagle"),
+    ("tnx-two-nodes", _merge(TRN1, {"framework": "tnx", "parallelism": {"tensorParallelDegree": 64, "nodes": 2}}),
+     "parallelism.nodes must be 1 with framework tnx: the transformers-neuronx image (Neuron SDK 2.25) has no EFA"),
+    ("one-node-surge-0-alone", _merge(CPU, {"rollout": {"maxSurge": 0}}), NOTHING_REPLACED),
+    ("group-unavailable-0-alone", _merge(TRN1, {"parallelism": {"tensorParallelDegree": 64, "nodes": 2},
+                                                "rollout": {"maxUnavailable": "0%"}}), NOTHING_REPLACED),
+    ("dra-on-karpenter", _merge(TRN1, {"deviceAllocation": "dra", "nodeSelector": {"karpenter.sh/nodepool": "x"}}),
+     DRA_ON_KARPENTER),
+    ("dra-on-auto-mode", _merge(TRN1, {"deviceAllocation": "dra",
+                                       "nodeSelector": {"eks.amazonaws.com/compute-type": "auto"}}), DRA_ON_KARPENTER),
 ]
 
 

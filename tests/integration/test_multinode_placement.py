@@ -1,7 +1,10 @@
 """Multi-node groups on trn1 as EKS has them: two managed node groups of two trn1.32xlarge each (kwok nodes with the
 EFA device plugin's resource), a NeuronModel of TP 64 over 2 nodes with 2 replicas. The real scheduler and the
 pinned LeaderWorkerSet controller place it: every group has a node group to itself (exclusive topology), every pod
-requests its node's 8 EFA devices, and the model reaches Ready.
+requests its node's 8 EFA devices, and the model reaches Ready. A template change then rolls both groups over on those
+same two node groups: with the exclusive topology a surge group needs a third, free node group, so the rollout
+replaces each group in place (rollout 1 / 0 by default for nodes > 1); with the old default maxSurge 1 the surge group
+stayed Pending forever and the model never left RollingOut.
 """
 
 from __future__ import annotations
@@ -44,7 +47,17 @@ def node_groups(control_plane, admin_client, wait_until):
         core.delete_node(name)
 
 
-def test_each_group_has_a_node_group_to_itself_with_its_efa_devices(api, node_groups, wait_until):
+def _placement(pods) -> dict[str, set[str]]:
+    """LWS group index -> the node groups its pods run in."""
+    node_group = {name: group for group, members in NODE_GROUPS.items() for name in members}
+    placed: dict[str, set[str]] = {}
+    for pod in pods:
+        placed.setdefault(pod.metadata.labels["leaderworkerset.sigs.k8s.io/group-index"], set()).add(
+            node_group[pod.spec.node_name])
+    return placed
+
+
+def test_each_group_has_a_node_group_to_itself_with_its_efa_devices(api, node_groups):
     api.apply(neuronmodel("big", SPEC))
     body = api.phase("big", "Ready", timeout=180)
     resolved = body["status"]["resolved"]
@@ -57,14 +70,11 @@ def test_each_group_has_a_node_group_to_itself_with_its_efa_devices(api, node_gr
         nodes.NODEGROUP_LABEL
     pods = api.core.list_namespaced_pod(api.ns, label_selector="leaderworkerset.sigs.k8s.io/name=big-lws").items
     assert len(pods) == 4 and all(p.status.phase == "Running" for p in pods)
-    node_group = {name: group for group, members in node_groups.items() for name in members}
-    placed: dict[str, set[str]] = {}  # LWS group index -> the node groups its pods run in
     for pod in pods:
         resources = pod.spec.containers[0].resources
         assert resources.requests["vpc.amazonaws.com/efa"] == resources.limits["vpc.amazonaws.com/efa"] == "8"
         assert resources.limits["aws.amazon.com/neuroncore"] == "32"
-        placed.setdefault(pod.metadata.labels["leaderworkerset.sigs.k8s.io/group-index"], set()).add(
-            node_group[pod.spec.node_name])
+    placed = _placement(pods)
     assert sorted(placed) == ["0", "1"] and all(len(groups) == 1 for groups in placed.values()), placed
     assert placed["0"] != placed["1"], placed  # one group per node group, never two in one
     # every pod on its own node (a pod takes all of a trn1.32xlarge's NeuronCores)
@@ -74,3 +84,31 @@ def test_each_group_has_a_node_group_to_itself_with_its_efa_devices(api, node_gr
     selector = api.core.read_namespaced_service("big", api.ns).spec.selector
     leaders = api.core.list_namespaced_pod(api.ns, label_selector=",".join(f"{k}={v}" for k, v in selector.items()))
     assert sorted(p.metadata.labels["leaderworkerset.sigs.k8s.io/worker-index"] for p in leaders.items) == ["0", "0"]
+
+
+def test_a_template_change_rolls_every_group_over_on_as_many_node_groups_as_groups(api, node_groups, wait_until):
+    api.apply(neuronmodel("roll", SPEC))
+    api.phase("roll", "Ready", timeout=180)
+    group = api.custom.get_namespaced_custom_object("leaderworkerset.x-k8s.io", "v1", api.ns, "leaderworkersets",
+                                                    "roll-lws")
+    rolling = group["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]  # with LWS's own partition: 0
+    assert (rolling["maxUnavailable"], rolling["maxSurge"]) == (1, 0)
+    toleration = {"key": "example.com/maintenance", "operator": "Exists", "effect": "NoSchedule"}
+    api.patch("roll", {"tolerations": [toleration]})  # a new pod template, the same compile key
+
+    def rolled() -> list:
+        body = api.get("roll")
+        status = body.get("status") or {}
+        if status.get("observedGeneration") != body["metadata"]["generation"] or status.get("phase") != "Ready":
+            return []
+        pods = [p for p in api.core.list_namespaced_pod(api.ns, label_selector="leaderworkerset.sigs.k8s.io/name="
+                                                         "roll-lws").items if not p.metadata.deletion_timestamp]
+        new = [p for p in pods if p.status.phase == "Running" and any(
+            t.key == toleration["key"] for t in p.spec.tolerations or [])]
+        return new if len(pods) == len(new) == 4 else []
+    pods = wait_until("both groups on the new template, Ready", rolled, 300)
+    placed = _placement(pods)
+    assert sorted(placed) == ["0", "1"] and all(len(groups) == 1 for groups in placed.values()), placed
+    assert placed["0"] != placed["1"], placed
+    body = api.get("roll")
+    assert body["status"]["ready"] == "2/2" and not body["status"].get("warnings"), body["status"]

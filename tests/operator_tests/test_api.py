@@ -29,7 +29,7 @@ def test_minimal_spec_defaults():
     assert spec.speculation.mode == "none" and spec.speculation.draft_model is None
     assert spec.compile_cache.policy == "IfNotCached" and spec.compile_cache.url is None
     assert spec.neuron_resource == "neuroncore"
-    assert (spec.rollout.max_unavailable, spec.rollout.max_surge) == (0, 1)
+    assert (spec.rollout.max_unavailable, spec.rollout.max_surge) == (None, None)  # by nodes: placement.rollout
     assert spec.server.port == 8000 and spec.server.api_key_secret_ref is None
     assert spec.replicas is None and spec.autoscaling is None
     assert spec.instance_type is None and spec.image is None
@@ -45,7 +45,7 @@ def test_defaults_as_the_crd_shows_them():
     assert dumped["sampling"]["onDevice"] is True
     assert dumped["compileCache"]["policy"] == "IfNotCached"
     assert dumped["neuronResource"] == "neuroncore"
-    assert dumped["rollout"] == {"maxUnavailable": 0, "maxSurge": 1}
+    assert dumped["rollout"] == {"maxUnavailable": None, "maxSurge": None}
 
 
 def test_camel_case_keys():

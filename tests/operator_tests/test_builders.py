@@ -309,6 +309,37 @@ def test_rollout_keeps_capacity_by_default():
     assert lws == {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}}
 
 
+def _lws_rollout(**changes: Any) -> dict[str, Any]:
+    lws = one(builders.serving_children(golden.target("multinode-lws", **changes)), "LeaderWorkerSet")
+    return lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
+
+
+def test_a_multi_node_group_is_replaced_in_place_by_default():
+    """LWS's exclusive topology gives each group a node group to itself (its pod webhook's required anti-affinity
+    against other groups on the key): a surge group needs a whole free node group, which a cluster sized one node group
+    per replica never has, so a default surge would hold every rollout Pending forever. LWS's own default: 1 / 0."""
+    assert _lws_rollout(rollout=None) == {"maxUnavailable": 1, "maxSurge": 0}
+    assert _lws_rollout(rollout={"maxSurge": 1}) == {"maxUnavailable": 1, "maxSurge": 1}  # the user's word wins
+    assert _lws_rollout(rollout={"maxUnavailable": 0, "maxSurge": 1}) == {"maxUnavailable": 0, "maxSurge": 1}
+    one_node = one(builders.serving_children(golden.target("inf2-hf", rollout={"maxUnavailable": 1})), "Deployment")
+    assert one_node["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 1}
+
+
+def test_a_surge_with_an_exclusive_topology_key_is_warned_about_naming_the_fix():
+    """Models created under the older CRD carry maxSurge 1 written into their spec: they are told how to get out."""
+    surging = golden.target("multinode-lws", rollout={"maxUnavailable": 0, "maxSurge": 1}).resolved
+    (warning,) = [w for w in surging.warnings if w.reason == "SurgeNeedsSpareNodeGroup"]
+    assert warning.startswith("rollout.maxSurge is 1 while each serving group of 2 nodes has a "
+                              "eks.amazonaws.com/nodegroup value (a node group) to itself")
+    assert warning.endswith("set rollout.maxSurge 0 and rollout.maxUnavailable 1 (or remove spec.rollout: the default "
+                            "for nodes > 1)")
+    quiet = [golden.target("multinode-lws", rollout=None),
+             golden.target("multinode-lws", rollout={"maxSurge": 1},
+                           parallelism={"tensorParallelDegree": 64, "nodes": 2, "groupTopologyKey": ""}),
+             golden.target("inf2-hf")]
+    assert not [w for t in quiet for w in t.resolved.warnings if w.reason == "SurgeNeedsSpareNodeGroup"]
+
+
 def test_pdb_when_more_than_one_replica():
     assert one(golden.children("replicas-3"), "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     assert not by_kind(golden.children("inf2-hf"), "PodDisruptionBudget")

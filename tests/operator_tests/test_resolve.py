@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from neuronmodel_operator import api
+from neuronmodel_operator import api, crdgen
 from neuronmodel_operator.api import SpecError, parse_spec
 from neuronmodel_operator.resolve import OperatorDefaults, resolve
 
@@ -472,7 +472,7 @@ def test_partial_node_pods_get_the_neuron_scheduler():
     spec(instanceType="inf2.48xlarge"),  # one NeuronCore is always contiguous
     spec(instanceType="trn2.48xlarge", parallelism={"tensorParallelDegree": 4}, neuronResource="neuron"),  # 1 device
     spec(framework="torch"),
-    spec(instanceType="inf2.48xlarge", parallelism={"tensorParallelDegree": 8}, deviceAllocation="dra"),
+    spec(instanceType="trn1.32xlarge", parallelism={"tensorParallelDegree": 8}, deviceAllocation="dra"),
 ])
 def test_no_scheduler_where_the_device_plugin_has_no_choice_to_make(body):
     r = resolved(body)
@@ -584,11 +584,23 @@ def test_pre_sharded_weights_across_nodes_are_refused_on_neuron():
                    OperatorDefaults()).cores_per_pod == 0  # the torch runner's ranks keep their shards
 
 
-def test_transformers_neuronx_across_nodes_is_refused_off_trn1():
-    group = {"model": {"source": "hf://org/m"}, "framework": "tnx", "parallelism": {"tensorParallelDegree": 48,
-                                                                                  "nodes": 2}}
-    with pytest.raises(api.SpecError, match=r"^spec.parallelism.nodes: transformers-neuronx runs multi-node on trn1 "
-                                            r"only, not inf2.48xlarge"):
-        resolve(parse_spec({**group, "instanceType": "inf2.48xlarge"}), OperatorDefaults())
-    trn1 = {**group, "instanceType": "trn1.32xlarge", "parallelism": {"tensorParallelDegree": 64, "nodes": 2}}
-    assert resolve(parse_spec(trn1), OperatorDefaults()).efa_per_pod == 8
+def test_transformers_neuronx_across_nodes_is_refused_since_its_image_has_no_efa_userspace():
+    """The TNx image's SDK 2.25 DLC never runs efa_installer.sh (the NxDI DLCs do): no libfabric EFA provider, so the
+    first collective between the nodes fails at load. Refused on every family, for framework tnx and for auto on a
+    TNx image (which runs its NxDI 0.5, no better off); one node and the NxDI images go through."""
+    group = {"model": {"source": "hf://org/m"}, "framework": "tnx", "instanceType": "trn1.32xlarge",
+             "parallelism": {"tensorParallelDegree": 64, "nodes": 2}}
+    with pytest.raises(api.SpecError, match=r"^spec.parallelism.nodes: 2 nodes on the transformers-neuronx image: "
+                                            r"it \(Neuron SDK 2.25\) has no EFA userspace.*use framework nxdi \(or "
+                                            r"auto\)"):
+        resolve(parse_spec(group), OperatorDefaults())
+    tnx_image = {**group, "framework": "auto", "image": "registry.example/runtime:1.0-runtime-tnx-sdk2.25"}
+    with pytest.raises(api.SpecError, match=r"no EFA userspace.*remove spec.image"):
+        resolve(parse_spec(tnx_image), OperatorDefaults())
+    assert resolve(parse_spec({**group, "framework": "nxdi"}), OperatorDefaults()).efa_per_pod == 8
+    assert resolve(parse_spec({**group, "framework": "auto"}), OperatorDefaults()).efa_per_pod == 8
+    one = {**group, "parallelism": {"tensorParallelDegree": 32}}
+    assert resolve(parse_spec(one), OperatorDefaults()).cores_per_pod == 32
+    rules = {r["rule"]: r["message"] for r in crdgen.spec_schema()["x-kubernetes-validations"]}
+    assert rules["self.framework != 'tnx' || self.parallelism.nodes == 1"].startswith(
+        "parallelism.nodes must be 1 with framework tnx")

@@ -68,7 +68,7 @@ def test_the_crd_declares_the_engine_with_its_default_and_rules():
     assert spec["properties"]["engine"]["default"] == "neuronmodel"
     rules = {r["rule"]: r["message"] for r in spec["x-kubernetes-validations"]}
     vllm_rules = {rule: message for rule, message in rules.items() if rule.startswith("self.engine != 'vllm'")}
-    assert len(vllm_rules) == 5
+    assert len(vllm_rules) == 6
     for message in vllm_rules.values():  # each names the field, says why, and how to fix it
         assert "with engine vllm" in message or "by engine vllm" in message, message
         assert "or engine neuronmodel" in message or "or use engine neuronmodel" in message, message
@@ -93,6 +93,19 @@ def test_resolve_refuses_what_the_crd_refuses(change, field):
     assert "engine neuronmodel" in str(refused.value)
 
 
+def test_speculation_without_on_device_sampling_is_refused_on_both_lines():
+    """vllm-neuron 0.5 reads the fused speculation's tokens only with on-device sampling (NeuronCausalLM.forward);
+    the native line refuses to speculate without it. The CRD refuses it too (its rule, below)."""
+    eagle = {"speculation": {"mode": "eagle", "draftModel": {"source": "pvc://models/eagle"}},
+             "sampling": {"onDevice": False}}
+    for base in (TRN2, INF2):
+        with pytest.raises(SpecError, match=r"spec\.sampling\.onDevice must be true with engine vllm and speculation"):
+            _resolve(_spec(base, **eagle))
+    rule = next(r for r in crdgen.spec_schema()["x-kubernetes-validations"] if "self.sampling.onDevice" in r["rule"]
+                and r["rule"].startswith("self.engine != 'vllm'"))
+    assert rule["message"].startswith("sampling.onDevice must be true with engine vllm and speculation")
+
+
 def test_what_the_engine_serves_of_speculation_and_sampling():
     eagle = _spec(TRN2, speculation={"mode": "eagle", "draftModel": {"source": "pvc://models/eagle3"}})
     assert _resolve(eagle).image.endswith(NATIVE_TAG)
@@ -106,6 +119,7 @@ def test_what_the_engine_serves_of_speculation_and_sampling():
     (INF2, "pa_num_blocks", "the operator \\(the contiguous KV layout"),
     (INF2, "save_sharded_checkpoint", "the operator"),
     (TRN2, "on_device_sampling_config", "sampling.onDevice"),
+    (INF2, "is_eagle3", "speculation.draftModel.eagle3"),
 ])
 def test_overrides_of_what_the_flags_set_are_refused_per_line(base, key, field):
     with pytest.raises(SpecError, match=f"spec.neuronConfigOverrides: {key} is set by {field}") as refused:
@@ -263,6 +277,28 @@ def test_eagle_is_the_lines_method_with_the_drafts_local_path(base, method):
         _target(base))
     if method == "eagle3":  # the draft's lookahead is in the pinned KV blocks
         assert _flag(args, "--num-gpu-blocks-override") == str(8 * 65 + 1)
+
+
+def test_an_eagle3_draft_on_the_nxdi_line_is_compiled_as_eagle3():
+    """vllm-neuron 0.5.0 never sets NxDI's is_eagle3 (default False): the operator does, for a draft the spec says is
+    EAGLE3, or NxDI builds the EAGLE-1 draft graph (hidden_size * 2 inputs instead of * 3)."""
+    def neuron_config(base: dict, eagle3) -> dict:
+        draft = {"source": "hf://org/eagle-draft", **({} if eagle3 is None else {"eagle3": eagle3})}
+        args = vllm.serve_args(_target(base, speculation={"mode": "eagle", "draftModel": draft}))
+        return json.loads(_flag(args, "--additional-config"))
+    assert neuron_config(INF2, True)["override_neuron_config"]["is_eagle3"] is True
+    assert "is_eagle3" not in neuron_config(INF2, None)["override_neuron_config"]  # an EAGLE (v1) draft
+    assert "is_eagle3" not in neuron_config(INF2, False)["override_neuron_config"]
+    assert "is_eagle3" not in json.dumps(neuron_config(TRN2, True))  # the native line's method eagle3 says it
+    # not without speculation, whatever the draft says
+    assert "is_eagle3" not in vllm_flags.additional_config(_spec(INF2), "nxdi")["override_neuron_config"]
+    eagle = {"mode": "eagle", "draftModel": {"source": "hf://org/eagle-draft"}}
+    eagle3 = {"mode": "eagle", "draftModel": {"source": "hf://org/eagle-draft", "eagle3": True}}
+    assert _resolve(_spec(INF2, speculation=eagle)).compile_key != _resolve(_spec(INF2, speculation=eagle3)).compile_key
+    rules = {r["rule"]: r["message"] for r in crdgen.spec_schema()["x-kubernetes-validations"]}
+    assert rules["!has(self.speculation.draftModel) || !has(self.speculation.draftModel.eagle3) || "
+                 "self.speculation.mode == 'eagle'"].startswith("speculation.draftModel.eagle3 applies to "
+                                                                "speculation.mode eagle")
 
 
 def test_the_served_name_host_and_port():

@@ -132,14 +132,16 @@ def metadata(target: Target, name: str, component: str,
 #: Fields added after the record's first release, written only away from these defaults (a nested mapping: the
 #: fields of that object): the record of a model that does not use them stays byte-identical across the
 #: operator's upgrade (reading back fills the defaults).
-_LATER_SPEC_DEFAULTS = {"engine": api.DEFAULT_ENGINE, "parallelism": {"efa": None, "groupTopologyKey": None}}
+_LATER_SPEC_DEFAULTS = {"engine": api.DEFAULT_ENGINE, "parallelism": {"efa": None, "groupTopologyKey": None},
+                        "speculation": {"draftModel": {"eagle3": None}},
+                        "rollout": {"maxUnavailable": None, "maxSurge": None}}
 _LATER_RESOLVED_DEFAULTS = {"fetch_image": None, "efa_per_pod": 0, "group_topology_key": None}
 
 
 def _without(record: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in record.items():
-        if isinstance(defaults.get(key), Mapping):
+        if isinstance(defaults.get(key), Mapping) and isinstance(value, Mapping):
             out[key] = _without(value, defaults[key])
         elif key not in defaults or value != defaults[key]:
             out[key] = value

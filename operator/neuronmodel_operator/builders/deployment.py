@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuronmodel_operator import api
+from neuronmodel_operator import api, placement
 from neuronmodel_operator.builders.common import (COMPONENT_SERVER, Target, metadata, selector, served_record,
                                                   workload_name)
 from neuronmodel_operator.builders.configmap import serving_configmap_name
@@ -16,9 +16,9 @@ PROGRESS_MARGIN_S = 600
 
 
 def rolling_update(target: Target) -> dict[str, Any]:
-    """maxUnavailable / maxSurge of spec.rollout; the default 0 / 1 keeps serving capacity during a rollout, and
-    the surge pod needs spare NeuronCores on some node: without them, set maxSurge 0 and maxUnavailable 1."""
-    return {"maxUnavailable": target.spec.rollout.max_unavailable, "maxSurge": target.spec.rollout.max_surge}
+    """maxUnavailable / maxSurge of spec.rollout, its unset fields placement.rollout's defaults: 0 / 1 on one node
+    (serving capacity kept; the surge pod needs spare NeuronCores), 1 / 0 for a multi-node group."""
+    return placement.rollout(target.spec)
 
 
 def deployment(target: Target) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def rank_runner(framework: str, config: RuntimeConfig, model_path: str, topology
 
     if topology.local_rank == 0 and topology.processes_per_node > 1:
         start_local_ranks(topology, worker_args)
-    os.environ.update(backend_env(framework, topology, config.parallelism.tensor_parallel_degree))
+    os.environ.update(backend_env(framework, topology, config.parallelism.tensor_parallel_degree, os.environ))
     channel.init_group(topology)
     if framework == "torch":
         import torch

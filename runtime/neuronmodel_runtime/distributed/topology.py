@@ -24,6 +24,11 @@ from neuronmodel_runtime.config import env as names
 DEFAULT_GROUP_PORT = names.DEFAULT_GROUP_PORT
 #: The Neuron runtime's rendezvous port on the leader (NEURON_RT_ROOT_COMM_ID), as AWS's multi-node examples use it.
 NEURON_COMM_PORT = 63423
+#: libfabric's settings for the Neuron runtime's collectives between hosts over EFA, which AWS's multi-node guide
+#: requires (torch-neuronx setup-trn1-multi-node-execution.rst, "Application execution environment"; without
+#: FI_EFA_FORK_SAFE on AL2's kernels the runtime disables multi-node, nrt-troubleshoot.rst). Defaults only: a value
+#: the process already has (the pod's env, the image's ENV) wins.
+EFA_DEFAULTS = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
 #: Variables a launcher (torchrun, mpirun, AWS's multi-node scripts) sets, and the one value each may have in a
 #: process that serves alone: another means two launchers disagree about the group.
 LAUNCHER_VARIABLES = {"WORLD_SIZE": "1", "OMPI_COMM_WORLD_SIZE": "1", "RANK": "0", "NEURON_RANK_ID": "0"}
@@ -130,24 +135,27 @@ def resolve(framework: str, tensor_parallel_degree: int, nodes: int, env: Mappin
                     leader_address=address, port=port)
 
 
-def backend_env(framework: str, topology: Topology, tensor_parallel_degree: int) -> dict[str, str]:
+def backend_env(framework: str, topology: Topology, tensor_parallel_degree: int,
+                env: Mapping[str, str]) -> dict[str, str]:
     """What the process's libraries read, beside torch.distributed's own (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
-    RANK, which every framework gets for the step broadcast):
+    RANK, which every framework gets for the step broadcast), to be set over the process's environment `env`:
 
     - nxdi: NEURON_RT_ROOT_COMM_ID=<leader>:NEURON_COMM_PORT, the Neuron runtime's rendezvous; the host's ranks go to
       `load(start_rank_id=node_rank * TP/nodes, local_ranks_size=TP/nodes)` (neuron_nxdi.load_ranks);
     - tnx: NEURON_RT_ROOT_COMM_ID too, NEURON_RANK_ID (the host's index, 0 = the leader) and NEURON_LOCAL_TP
-      (TP/nodes), which transformers-neuronx's NeuronConfig reads at construction.
+      (TP/nodes), which transformers-neuronx's NeuronConfig reads at construction;
+    - both, across hosts: EFA_DEFAULTS, each unless `env` has it.
     """
     out = {"MASTER_ADDR": topology.leader_address, "MASTER_PORT": str(topology.port),
            "WORLD_SIZE": str(topology.world_size), "RANK": str(topology.rank)}
     if framework in ("nxdi", "tnx") and topology.nodes > 1:
         out["NEURON_RT_ROOT_COMM_ID"] = f"{topology.leader_address}:{NEURON_COMM_PORT}"
+        out.update({name: value for name, value in EFA_DEFAULTS.items() if name not in env})
     if framework == "tnx" and topology.nodes > 1:
         out["NEURON_RANK_ID"] = str(topology.node_rank)
         out["NEURON_LOCAL_TP"] = str(tensor_parallel_degree // topology.nodes)
     return out
 
 
-__all__ = ["DEFAULT_GROUP_PORT", "GroupLost", "NEURON_COMM_PORT", "Topology", "TopologyError", "backend_env",
-           "processes_per_node", "resolve"]
+__all__ = ["DEFAULT_GROUP_PORT", "EFA_DEFAULTS", "GroupLost", "NEURON_COMM_PORT", "Topology", "TopologyError",
+           "backend_env", "processes_per_node", "resolve"]

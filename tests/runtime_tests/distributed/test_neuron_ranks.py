@@ -33,7 +33,7 @@ def host(framework, index, tp=64):
     config = load_config(None, {"model": str(TARGET), "framework": framework,
                                 "parallelism": {"tensor_parallel_degree": tp, "nodes": 2}}, env={})
     topology = resolve(framework, tp, 2, {**LWS, "LWS_WORKER_INDEX": str(index)})
-    return config, topology, backend_env(framework, topology, tp)
+    return config, topology, backend_env(framework, topology, tp, {})
 
 
 def test_nxdi_hosts_get_the_variables_and_ranks_of_nxdis_multi_node_example():

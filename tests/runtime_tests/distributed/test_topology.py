@@ -58,12 +58,28 @@ def test_inconsistent_settings_are_refused_naming_the_variable(args, env, messag
 
 def test_each_backend_gets_its_own_variables():
     worker = resolve("tnx", 64, 2, {**LWS, "LWS_WORKER_INDEX": "1"})
-    tnx = backend_env("tnx", worker, 64)
+    tnx = backend_env("tnx", worker, 64, {})
     assert tnx == {"MASTER_ADDR": "m-lws-0.m-lws.team", "MASTER_PORT": str(DEFAULT_GROUP_PORT), "WORLD_SIZE": "2",
                    "RANK": "1", "NEURON_RT_ROOT_COMM_ID": f"m-lws-0.m-lws.team:{NEURON_COMM_PORT}",
-                   "NEURON_RANK_ID": "1", "NEURON_LOCAL_TP": "32"}
-    nxdi = backend_env("nxdi", worker, 64)
+                   "NEURON_RANK_ID": "1", "NEURON_LOCAL_TP": "32", **EFA}
+    nxdi = backend_env("nxdi", worker, 64, {})
     assert nxdi["NEURON_RT_ROOT_COMM_ID"] == tnx["NEURON_RT_ROOT_COMM_ID"]
     assert "NEURON_RANK_ID" not in nxdi and "NEURON_LOCAL_TP" not in nxdi, "NxDI takes its ranks in load()"
-    torch_env = backend_env("torch", resolve("torch", 2, 1, {}), 2)
+    torch_env = backend_env("torch", resolve("torch", 2, 1, {}), 2, {})
     assert set(torch_env) == {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}, "no Neuron runtime to configure"
+
+
+#: What AWS's multi-node guide requires of a Neuron process whose collectives cross hosts (setup-trn1-multi-node-
+#: execution.rst, "Application execution environment").
+EFA = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+
+
+@pytest.mark.parametrize("framework", ["nxdi", "tnx"])
+def test_neuron_hosts_of_a_group_get_libfabrics_efa_settings_unless_their_environment_has_them(framework):
+    worker = resolve(framework, 64, 2, {**LWS, "LWS_WORKER_INDEX": "1"})
+    assert EFA.items() <= backend_env(framework, worker, 64, {}).items()
+    # the pod's env or the image's ENV wins: only what the process lacks is set
+    own = backend_env(framework, worker, 64, {"FI_PROVIDER": "tcp", "FI_EFA_FORK_SAFE": "0"})
+    assert "FI_PROVIDER" not in own and "FI_EFA_FORK_SAFE" not in own and own["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    # torch's group talks gloo over TCP (a Neuron runner on one host has no group: resolve gives None)
+    assert not set(EFA) & set(backend_env("torch", resolve("torch", 4, 2, LWS), 4, {}))
