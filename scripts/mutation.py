@@ -233,6 +233,13 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "status: a refused spec drops the hf:// pins (its fix resolves main again: a new commit, a recompile)",
+        "status.py",
+        '"resolved": o.resolved.as_status() if o.resolved else _pins(o.previous),',
+        '"resolved": o.resolved.as_status() if o.resolved else None,',
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
         "status: a LeaderWorkerSet without observedGeneration (v0.7) read as never caught up", "status.py",
         'if "observedGeneration" in state or workload.get("kind") != "LeaderWorkerSet":', "if True:",
         STATUS, OPERATOR,

@@ -72,6 +72,9 @@ set to `now` when it changes (metav1 semantics). One exception, so that a genera
 Progressing is about the rollout of one generation, so its lastTransitionTime is also set to `now` on the first
 reconcile of a new generation.
 
+`resolved` is what the spec resolved to; a spec that resolves nothing (InvalidSpec) keeps only the previous
+`resolved.revisions` (the hf:// pins): fixing the spec then serves the commits it served, not main's newest.
+
 Timings, in seconds, each measured once and then kept:
   compileSeconds      the succeeded Job's completionTime - startTime; kept while the compile key is the same.
   loadSeconds         when the phase is Ready: the slowest ready live pod's Ready lastTransitionTime - its
@@ -415,6 +418,13 @@ def _timings(o: Observed, phase: str, conditions: list[dict]) -> dict:
     return {key: value for key, value in timings.items() if value is not None}
 
 
+def _pins(previous: Mapping) -> Optional[dict]:
+    """What a status that resolved nothing (a refused spec, a Hub that did not answer) keeps of the previous one's
+    `resolved`: its pins, so that the fixed spec serves the commits it served instead of resolving main again."""
+    revisions = (previous.get("resolved") or {}).get("revisions")
+    return {"revisions": dict(revisions)} if revisions else None
+
+
 # --- the public functions ------------------------------------------------------------------------------------
 
 def status(observed: Observed) -> dict:
@@ -433,7 +443,7 @@ def status(observed: Observed) -> dict:
         "phase": phase, "conditions": conditions,
         "replicas": workload.total if workload else 0, "readyReplicas": ready_replicas,
         "ready": f"{ready_replicas}/{desired}", "selector": o.selector, "endpoint": o.endpoint,
-        "resolved": o.resolved.as_status() if o.resolved else None,
+        "resolved": o.resolved.as_status() if o.resolved else _pins(o.previous),
         "timings": _timings(o, phase, conditions),
         "warnings": list(o.resolved.warnings) if o.resolved else [],
         "observedGeneration": o.generation,

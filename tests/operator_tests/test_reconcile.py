@@ -706,6 +706,22 @@ def test_an_unpinned_hf_source_is_pinned_once_and_every_replica_fetches_that_com
     assert kube.model()["status"]["resolved"]["modelRevision"] == first
 
 
+def test_a_refused_edit_keeps_the_pins_so_its_fix_serves_the_same_commit(kube, reconcile, hub):
+    """A typo (InvalidSpec) and its fix: the Failed status in between still records the pins, so main, moved on the
+    Hub meanwhile, is not resolved again: the same commit, the same compile key, nothing compiles again."""
+    job_a, _ = serve_a(kube, reconcile)
+    first = hub.commit
+    hub.commit = "feed" * 10  # main moves on the Hub
+    set_spec(kube, {**NEURON_A, "parallelism": {"tensorParallelDegree": 128}})  # the typo
+    assert reconcile(NS, NAME, cleanup=True).spec_error
+    assert kube.model()["status"]["resolved"]["revisions"] == {f"hf://{HF_REPO}@": first}
+    set_spec(kube, NEURON_A)  # the fix
+    assert reconcile(NS, NAME, cleanup=True) == Outcome()
+    deployment = kube.one("Deployment")
+    assert fetched_revisions(deployment) == [first] and template_key(deployment) == job_key(job_a)
+    assert kube.model()["status"]["resolved"]["modelRevision"] == first
+
+
 def test_a_hub_that_does_not_answer_is_retried_not_failed(kube, reconcile, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     kube.put(body(NEURON_A))
