@@ -240,6 +240,18 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "reconcile: a Hub that does not answer leaves no status (a new hf:// model shows nothing)", "reconcile.py",
+        "            self._publish(body, previous, status.hub_unavailable(",
+        "            (lambda *_: None)(body, previous, status.hub_unavailable(",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "status: a serving model whose edit waits for the Hub reported as a new one (Pending, Ready False)",
+        "status.py", '    if not previous.get("phase"):\n        verdicts = {"ArtifactsReady"',
+        '    if True:\n        verdicts = {"ArtifactsReady"',
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
         "status: a LeaderWorkerSet without observedGeneration (v0.7) read as never caught up", "status.py",
         'if "observedGeneration" in state or workload.get("kind") != "LeaderWorkerSet":', "if True:",
         STATUS, OPERATOR,

@@ -173,9 +173,14 @@ class Reconcile:
             target = self._target(body)
         except api.SpecError as exc:
             return self._refuse(body, exc)
-        except revisions.HubUnavailable as exc:
+        except revisions.HubUnavailable as exc:  # retried with backoff; no child is changed meanwhile
             log.warning("%s/%s: %s", namespace, name, exc)
-            return Outcome(child_error=str(exc))  # retried with backoff; nothing is changed meanwhile
+            message = (f"{exc}; retrying with backoff (a cluster whose egress goes through a proxy or a Hub mirror "
+                       "sets the chart's proxy or hfEndpoint values)")
+            previous = self._previous(body)
+            self._publish(body, previous, status.hub_unavailable(previous, body["metadata"].get("generation", 1),
+                                                                 message, datetime.now(timezone.utc)))
+            return Outcome(child_error=str(exc))
         resolved = target.resolved
         switching = target.uid in self._switching
         try:
@@ -458,7 +463,11 @@ class Reconcile:
             selector=selector_string(target) if target else "", now=datetime.now(timezone.utc),
             compile_cache_url=target.spec.compile_cache.url if target else None,
             hpa=self._hpa(target) if target else None)
-        current = status.status(observed)
+        self._publish(body, previous, status.status(observed))
+
+    def _publish(self, body: dict, previous: dict, current: dict) -> None:
+        """Write `current` over `previous` (only if it changed) and the Events the change is worth."""
+        meta = body["metadata"]
         if current != previous:
             self.kube.patch_status(meta["namespace"], meta["name"], status.merge_patch(previous, current))
         self._reported[meta["uid"]] = current

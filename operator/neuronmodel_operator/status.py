@@ -21,6 +21,9 @@ Progressing and UpdateInProgress False, so there "has seen" is: Available True, 
 in the moment between an apply that changes the template and the controller's first reconcile of it looks settled:
 only the applier, which saw the generation change, can tell that it is stale.
 
+While the Hub does not answer a revision the spec needs pinned, `hub_unavailable` writes the status instead: the
+previous one with Progressing False/HubUnavailable (a new model: Pending, Ready False/HubUnavailable too).
+
 Phase, first match wins (its reason and message are the Ready condition's):
   Failed     InvalidSpec     `spec_error` is set: the spec cannot be served; no retry until it changes.
   Failed     CompileFailed   the compile Job failed (condition Failed or FailureTarget True: backoffLimit or
@@ -97,7 +100,7 @@ from neuronmodel_runtime.config.keys import ARTIFACTS_MISSING
 
 #: Ready reasons whose Event is a Warning; every other transition is Normal.
 WARNING_REASONS = frozenset({"InvalidSpec", "CompileFailed", "ContainersFailing", "NeuronDeviceAccessDenied",
-                             "ArtifactsMissing", "Unschedulable", "Degraded"})
+                             "ArtifactsMissing", "Unschedulable", "Degraded", "HubUnavailable"})
 #: Starts the runtime's termination message when it cannot open a Neuron device as its uid (the runtime's
 #: frameworks.DEVICE_ACCESS_MARKER: the two packages share no code, tests/operator_tests/test_status.py pins both).
 DEVICE_ACCESS_MARKER = "NeuronDeviceAccessDenied"
@@ -449,6 +452,28 @@ def status(observed: Observed) -> dict:
         "observedGeneration": o.generation,
     }
     return {key: value for key, value in current.items() if value is not None}
+
+
+def hub_unavailable(previous: Mapping, generation: int, message: str, now: datetime) -> dict:
+    """The status while the Hub does not answer the revision a spec needs pinned (revisions.HubUnavailable): nothing
+    is built for this generation yet, and whatever served before keeps serving. The previous status, its
+    observedGeneration too (this generation is not reconciled), with Progressing False/HubUnavailable and the
+    message; a model that never had a status is also Pending, Ready False/HubUnavailable."""
+    waiting = _Verdict("False", "HubUnavailable", message)
+    verdicts = {"Progressing": waiting}
+    if not previous.get("phase"):
+        verdicts = {"ArtifactsReady": _Verdict("Unknown", "HubUnavailable", "nothing to compile until the revision "
+                                               "is resolved"),
+                    "Available": _Verdict("False", "NoReplicasAvailable", "no serving workload yet"),
+                    "Progressing": waiting, "Ready": waiting}
+    conditions = {c.get("type"): c for c in previous.get("conditions") or []}
+    for type_, verdict in verdicts.items():
+        old = conditions.get(type_) or {}
+        kept = old.get("status") == verdict.status and old.get("lastTransitionTime")
+        conditions[type_] = {"type": type_, "status": verdict.status, "reason": verdict.reason,
+                             "message": verdict.message, "observedGeneration": generation,
+                             "lastTransitionTime": old["lastTransitionTime"] if kept else _stamp(now)}
+    return {**previous, "phase": previous.get("phase") or "Pending", "conditions": list(conditions.values())}
 
 
 def merge_patch(previous: Mapping, current: Mapping) -> dict:
