@@ -44,6 +44,7 @@ BUILDERS = ("tests/operator_tests/test_builders.py",)
 CRD = ("tests/operator_tests/test_crd.py",)
 RECONCILE = ("tests/operator_tests/test_reconcile.py",)
 HANDLERS = ("tests/operator_tests/test_handlers.py",)
+OWNERSHIP = ("tests/operator_tests/test_ownership.py",)
 RESOLVE = ("tests/operator_tests/test_resolve.py",)
 NXDI_SUITE = ("tests/runtime_tests/runners/test_runner_suite.py", "-k", "nxdi")
 TNX_SUITE = ("tests/runtime_tests/runners/test_runner_suite.py", "-k", "tnx")
@@ -238,6 +239,29 @@ MUTATIONS = [
         '"resolved": o.resolved.as_status() if o.resolved else _pins(o.previous),',
         '"resolved": o.resolved.as_status() if o.resolved else None,',
         RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: children force-applied without the ownership check (a hand-made Service is taken over)",
+        "reconcile.py", "        self._claim(target, desired)\n", "",
+        OWNERSHIP, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a deleted child stays known as the model's (whatever takes its name is taken over)",
+        "reconcile.py", "key for key, live in (changed or {}).items() if live is None)",
+        "key for key, live in (changed or {}).items() if False)",
+        OWNERSHIP, OPERATOR,
+    ),
+    Mutation(
+        "ownership: any ownerReference to the model counts, not only the controller's", "ownership.py",
+        'return live is not None and (controller(live) or {}).get("uid") != uid',
+        'return live is not None and uid not in {ref.get("uid") for ref in live["metadata"].get("ownerReferences") '
+        'or []}',
+        OWNERSHIP, OPERATOR,
+    ),
+    Mutation(
+        "k8s: an admission policy's 403 retried and reported as RBAC drift", "k8s.py",
+        " or self.status >= 500) and self.admission is None", " or self.status >= 500)",
+        OWNERSHIP, OPERATOR,
     ),
     Mutation(
         "reconcile: a Hub that does not answer leaves no status (a new hf:// model shows nothing)", "reconcile.py",

@@ -25,7 +25,10 @@ While the Hub does not answer a revision the spec needs pinned, `hub_unavailable
 previous one with Progressing False/HubUnavailable (a new model: Pending, Ready False/HubUnavailable too).
 
 Phase, first match wins (its reason and message are the Ready condition's):
-  Failed     InvalidSpec     `spec_error` is set: the spec cannot be served; no retry until it changes.
+  Failed     InvalidSpec     `spec_error` is set: the spec cannot be served; no retry until it changes. Or, with
+                             that reason (`error_reason`), a child that cannot be written, retried with backoff:
+             AlreadyOwned    an object of the child's kind and name exists and is not this model's (ownership.py);
+             AdmissionDenied an admission webhook or ValidatingAdmissionPolicy refused the child.
   Failed     CompileFailed   the compile Job failed (condition Failed or FailureTarget True: backoffLimit or
                              activeDeadlineSeconds exceeded).
   Compiling  Compiling       a required compile Job has not succeeded (not created yet, created but not started,
@@ -62,7 +65,7 @@ Conditions, the four of CONDITION_TYPES in that order, then Autoscaling when the
                   Unknown/InvalidSpec (nothing resolved).
   Available       True/MinimumReplicasAvailable when >= 1 replica is available (the Deployment's
                   availableReplicas; readyReplicas for a LeaderWorkerSet), else False/NoReplicasAvailable.
-  Progressing     first match: False/InvalidSpec; False/CompileFailed; True/WaitingForArtifacts (held, or
+  Progressing     first match: False/InvalidSpec (or the refused child's reason); False/CompileFailed; True/WaitingForArtifacts (held, or
                   compiling before any workload exists); True/Creating (no workload); False/ProgressDeadlineExceeded
                   (the Deployment's Progressing condition says so); True/RollingOut; True/RolloutComplete.
   Ready           True/Ready, or False with the phase's reason.
@@ -100,7 +103,8 @@ from neuronmodel_runtime.config.keys import ARTIFACTS_MISSING
 
 #: Ready reasons whose Event is a Warning; every other transition is Normal.
 WARNING_REASONS = frozenset({"InvalidSpec", "CompileFailed", "ContainersFailing", "NeuronDeviceAccessDenied",
-                             "ArtifactsMissing", "Unschedulable", "Degraded", "HubUnavailable"})
+                             "ArtifactsMissing", "Unschedulable", "Degraded", "HubUnavailable", "AlreadyOwned",
+                             "AdmissionDenied"})
 #: Starts the runtime's termination message when it cannot open a Neuron device as its uid (the runtime's
 #: frameworks.DEVICE_ACCESS_MARKER: the two packages share no code, tests/operator_tests/test_status.py pins both).
 DEVICE_ACCESS_MARKER = "NeuronDeviceAccessDenied"
@@ -135,6 +139,7 @@ class Observed:
     now: datetime
     compile_cache_url: Optional[str] = None  # spec.compileCache.url: says why no Job is needed
     hpa: Optional[Mapping] = None  # the HorizontalPodAutoscaler (camelCase dict) under spec.autoscaling, else None
+    error_reason: str = "InvalidSpec"  # the reason of `spec_error`: AlreadyOwned, AdmissionDenied for a refused child
 
 
 @dataclass(frozen=True)
@@ -292,7 +297,7 @@ def _phase(o: Observed, artifacts: _Verdict, workload: Optional[_Workload]) -> t
     held = f"; the previous spec keeps serving on {workload.available} replica(s)" \
         if o.rollout_held and workload and workload.available else ""
     if o.spec_error:
-        return "Failed", _Verdict("False", "InvalidSpec", o.spec_error)
+        return "Failed", _Verdict("False", o.error_reason, o.spec_error)
     if artifacts.reason == "CompileFailed":
         return "Failed", _Verdict("False", "CompileFailed", artifacts.message + held)
     if artifacts.reason == "Compiling" or o.rollout_held:
@@ -339,7 +344,8 @@ def _available(workload: Optional[_Workload], held: bool) -> _Verdict:
 
 def _progressing(o: Observed, artifacts: _Verdict, workload: Optional[_Workload]) -> _Verdict:
     if o.spec_error:
-        return _Verdict("False", "InvalidSpec", "nothing rolls out until the spec is fixed")
+        return _Verdict("False", o.error_reason, "nothing rolls out until the spec is fixed" if
+                        o.error_reason == "InvalidSpec" else "nothing rolls out until the child can be written")
     if artifacts.reason == "CompileFailed":
         return _Verdict("False", "CompileFailed", "nothing rolls out until the compile succeeds (see ArtifactsReady)")
     if o.rollout_held or (artifacts.reason == "Compiling" and workload is None):

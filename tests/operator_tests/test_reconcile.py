@@ -50,6 +50,7 @@ class FakeKube:
         self.fail_apply: dict[str, ApiError] = {}  # kind -> the error apply raises
         self.lagging: set[tuple[str, str]] = set()  # (kind, name) whose controller has not observed the spec yet
         self.replicas_owners: dict[tuple[str, str], set[str]] = {}  # (kind, name) -> managers of spec.replicas
+        self.got: list[tuple[str, str]] = []  # (kind, name) of each GET
 
     # --- test helpers
     def put(self, obj: dict) -> None:
@@ -125,6 +126,7 @@ class FakeKube:
         return self._with_status(kind, stored)
 
     def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
+        self.got.append((kind, name))
         obj = self.objects.get((kind, namespace, name))
         return None if obj is None else self._with_status(kind, obj)
 
