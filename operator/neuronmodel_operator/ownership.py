@@ -4,7 +4,8 @@ The operator server-side applies its children with force (k8s.py): an object of 
 not make would be taken over, its fields replaced (a hand-made Service's selector, say: its traffic hijacked) and,
 through the ownerReference the apply adds, deleted with the model. So, as controller-runtime's AlreadyOwned check
 does, an existing object whose controller reference is not to this NeuronModel (by uid) is never written: the
-reconcile refuses (`AlreadyOwned`, its message naming the object and the fix) and retries with backoff.
+reconcile refuses (`AlreadyOwned`, its message naming the object and the fix) and retries with backoff. Children
+named by their content are exempt (NAMED_BY_CONTENT).
 
 A 403 is not always RBAC: admission (a validating webhook, a ValidatingAdmissionPolicy such as the chart's write
 guard, Gatekeeper and Kyverno through their webhooks) answers 403 too, and no RBAC change fixes that. `admission`
@@ -16,6 +17,12 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional
 
+#: Kinds of children named by a digest of their content, and immutable: the runtime and compile ConfigMaps
+#: (`<name>-runtime-<hash>`), the compile Jobs, the ResourceClaimTemplates. No object takes such a name by accident,
+#: and one made to take it is refused by the API server the moment our write differs from it (a 422 on an immutable
+#: field): they are not read before a write, the fixed names (`<name>`: Service, Deployment, PDB, HPA; the
+#: LeaderWorkerSet) are.
+NAMED_BY_CONTENT = frozenset({"ConfigMap", "Job", "ResourceClaimTemplate"})
 #: The API server's message prefix for a validating webhook's denial (admission/plugin/webhook/errors).
 _WEBHOOK = re.compile(r'admission webhook "(?P<name>[^"]+)" denied the request')
 #: ... and for a ValidatingAdmissionPolicy's (admission/plugin/policy/validating).

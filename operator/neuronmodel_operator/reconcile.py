@@ -323,11 +323,12 @@ class Reconcile:
 
     def _claim(self, target: Target, manifests: list[dict]) -> None:
         """Raise ownership.AlreadyOwned, before anything is written, if one of `manifests` names an object that
-        exists and is not this model's (server-side apply with force would take it over). Only children not known
-        to be its own are read (one GET each, at once): on a model's first reconcile in this process, and for a
-        child new to it (a PDB, an HPA, a new compile Job); what this process applied or found its own is known."""
+        exists and is not this model's (server-side apply with force would take it over). Only children of fixed
+        names not known to be its own are read (one GET each, at once): on a model's first reconcile in this
+        process, and for a child new to it (a PDB, an HPA); what this process applied or found its own is known."""
         ours = self._ours.setdefault(target.uid, set())
-        unknown = [m for m in manifests if (m["kind"], m["metadata"]["name"]) not in ours]
+        unknown = [m for m in manifests if m["kind"] not in ownership.NAMED_BY_CONTENT and
+                   (m["kind"], m["metadata"]["name"]) not in ours]
         found = self._appliers.map(lambda m: self.kube.get(m["kind"], target.namespace, m["metadata"]["name"]),
                                    unknown)
         for manifest, live in zip(unknown, found):

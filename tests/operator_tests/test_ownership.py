@@ -69,12 +69,12 @@ def test_a_child_of_another_owner_is_refused_naming_it(kube, reconcile):
 
 
 def test_the_check_reads_each_child_once_per_process(kube, reconcile):
-    """One GET per child on the first reconcile (they do not exist yet, or are this model's); none afterwards:
-    what this process applied is known to be the model's. A child that was deleted is read again before it is
-    restored (someone else's may have taken its name)."""
+    """One GET per child of a fixed name on the first reconcile (none for the content-named runtime ConfigMap);
+    none afterwards: what this process applied is known to be the model's. A child that was deleted is read again
+    before it is restored (someone else's may have taken its name)."""
     kube.put(body(TORCH))
     reconcile(NS, NAME, cleanup=False, body=kube.model())
-    assert sorted(kind for kind, _ in kube.got) == ["ConfigMap", "Deployment", "Service"]
+    assert sorted(kube.got) == [("Deployment", NAME), ("Service", NAME)]
     kube.got.clear()
     reconcile(NS, NAME, cleanup=False, body=kube.model())
     assert kube.got == []
