@@ -71,3 +71,13 @@ def admission(message: str) -> Optional[str]:
     if (found := _WEBHOOK.search(message)) is not None:
         return f"admission webhook {found['name']!r}"
     return None
+
+
+def refused(message: str, policy: Optional[str]) -> tuple[str, str]:
+    """(status reason, message) of a child the API server refused with `message`, `policy` the admission control
+    that did (ApiError.admission), if one did."""
+    if policy is None:
+        return "InvalidSpec", f"the API server refused a child of this NeuronModel: {message}"
+    return "AdmissionDenied", (f"{policy} refused a child of this NeuronModel (an admission policy, not the "
+                               f"operator's RBAC): {message}. Change the spec so that the child complies, or ask the "
+                               "policy's owner; retrying with backoff")

@@ -178,11 +178,10 @@ class Reconcile:
             return self._refuse(body, exc)
         except revisions.HubUnavailable as exc:  # retried with backoff; no child is changed meanwhile
             log.warning("%s/%s: %s", namespace, name, exc)
-            message = (f"{exc}; retrying with backoff (a cluster whose egress goes through a proxy or a Hub mirror "
-                       "sets the chart's proxy or hfEndpoint values)")
             previous = self._previous(body)
             self._publish(body, previous, status.hub_unavailable(previous, body["metadata"].get("generation", 1),
-                                                                 message, datetime.now(timezone.utc)))
+                                                                 f"{exc}; {revisions.RETRYING}",
+                                                                 datetime.now(timezone.utc)))
             return Outcome(child_error=str(exc))
         resolved = target.resolved
         switching = target.uid in self._switching
@@ -199,13 +198,7 @@ class Reconcile:
                 raise
             # Our own object shape (or an admission policy) was refused: say which child and why, and try again
             # with backoff; a spec change retries at once. Never a permanent failure.
-            if exc.admission is not None:
-                return self._refused_child(body, target, "AdmissionDenied", (
-                    f"{exc.admission} refused a child of this NeuronModel (an admission policy, not the operator's "
-                    f"RBAC): {exc.message}. Change the spec so that the child complies, or ask the policy's owner; "
-                    "retrying with backoff"))
-            return self._refused_child(body, target, "InvalidSpec",
-                                       f"the API server refused a child of this NeuronModel: {exc.message}")
+            return self._refused_child(body, target, *ownership.refused(exc.message, exc.admission))
 
     def _refused_child(self, body: dict, target: Target, reason: str, message: str) -> Outcome:
         """A child the API server refused, or one the operator may not write: the Failed status and a Warning Event
@@ -243,7 +236,6 @@ class Reconcile:
         # at once. Otherwise the Job of the current template runs.
         job = self._compiled(target)
         compile_children = [] if job is not None else builders.compile_children(target)
-        self._claim(target, compile_children)
         for manifest in compile_children:
             applied = self.kube.apply(manifest)
             if manifest["kind"] == "Job":
@@ -323,9 +315,8 @@ class Reconcile:
 
     def _claim(self, target: Target, manifests: list[dict]) -> None:
         """Raise ownership.AlreadyOwned, before anything is written, if one of `manifests` names an object that
-        exists and is not this model's (server-side apply with force would take it over). Only children of fixed
-        names not known to be its own are read (one GET each, at once): on a model's first reconcile in this
-        process, and for a child new to it (a PDB, an HPA); what this process applied or found its own is known."""
+        exists and is not this model's. One GET each, at once, for the children of fixed names not known to be its
+        own yet (a model's first reconcile in this process; a new PDB or HPA); what was found its own is known."""
         ours = self._ours.setdefault(target.uid, set())
         unknown = [m for m in manifests if m["kind"] not in ownership.NAMED_BY_CONTENT and
                    (m["kind"], m["metadata"]["name"]) not in ours]

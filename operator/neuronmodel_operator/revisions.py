@@ -26,6 +26,9 @@ from neuronmodel_operator import api
 HUB_TIMEOUT_S = 10.0  # one request per unpinned source; a Hub that does not answer is retried by the reconcile
 DEFAULT_REVISION = "main"  # what `neuronmodel-runtime fetch` (and the Hub) read without a revision
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+#: What the status adds to a HubUnavailable message while the reconcile retries.
+RETRYING = ("retrying with backoff (a cluster whose egress goes through a proxy or a Hub mirror sets the chart's "
+            "proxy or hfEndpoint values)")
 
 
 class HubUnavailable(Exception):
