@@ -383,15 +383,16 @@ def _autoscaling(hpa: Mapping) -> _Verdict:
 def _conditions(o: Observed, verdicts: Mapping[str, _Verdict]) -> list[dict]:
     before = {c.get("type"): c for c in o.previous.get("conditions") or []}
     new_generation = o.previous.get("observedGeneration") != o.generation
-    conditions = []
-    for type_ in [*CONDITION_TYPES, *(["Autoscaling"] if "Autoscaling" in verdicts else [])]:
-        verdict, old = verdicts[type_], before.get(type_) or {}
-        kept = old.get("status") == verdict.status and not (type_ == "Progressing" and new_generation)
-        conditions.append({"type": type_, "status": verdict.status, "reason": verdict.reason,
-                           "message": verdict.message, "observedGeneration": o.generation,
-                           "lastTransitionTime": old.get("lastTransitionTime") if kept and
-                           old.get("lastTransitionTime") else _stamp(o.now)})
-    return conditions
+    return [_set(type_, verdicts[type_], before.get(type_) or {}, o.generation, o.now,
+                 keep=not (type_ == "Progressing" and new_generation))
+            for type_ in [*CONDITION_TYPES, *(["Autoscaling"] if "Autoscaling" in verdicts else [])]]
+
+
+def _set(type_: str, verdict: _Verdict, old: Mapping, generation: int, now: datetime, keep: bool = True) -> dict:
+    """The condition `type_` says `verdict`; its lastTransitionTime is `old`'s while the status stays (and `keep`)."""
+    kept = keep and old.get("status") == verdict.status and old.get("lastTransitionTime")
+    return {"type": type_, "status": verdict.status, "reason": verdict.reason, "message": verdict.message,
+            "observedGeneration": generation, "lastTransitionTime": old["lastTransitionTime"] if kept else _stamp(now)}
 
 
 # --- timings -------------------------------------------------------------------------------------------------
@@ -474,11 +475,7 @@ def hub_unavailable(previous: Mapping, generation: int, message: str, now: datet
                     "Progressing": waiting, "Ready": waiting}
     conditions = {c.get("type"): c for c in previous.get("conditions") or []}
     for type_, verdict in verdicts.items():
-        old = conditions.get(type_) or {}
-        kept = old.get("status") == verdict.status and old.get("lastTransitionTime")
-        conditions[type_] = {"type": type_, "status": verdict.status, "reason": verdict.reason,
-                             "message": verdict.message, "observedGeneration": generation,
-                             "lastTransitionTime": old["lastTransitionTime"] if kept else _stamp(now)}
+        conditions[type_] = _set(type_, verdict, conditions.get(type_) or {}, generation, now)
     return {**previous, "phase": previous.get("phase") or "Pending", "conditions": list(conditions.values())}
 
 
