@@ -40,7 +40,7 @@ def test_a_hand_made_service_named_like_the_model_is_never_taken_over(api, label
     the operator from replacing its selector and from taking it down with the model."""
     api.core.create_namespaced_service(api.ns, {
         "metadata": {"name": "api", "labels": labels},
-        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 8000, "targetPort": 8080}]}})
     api.apply(neuronmodel("api"))
     condition = ready(api, "api", "AlreadyOwned")
     assert f"Service {api.ns}/api exists and is not this NeuronModel's" in condition["message"]
