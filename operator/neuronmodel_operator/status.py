@@ -498,7 +498,8 @@ def events(previous: Mapping, current: Mapping) -> list[tuple[str, str, str]]:
     """(type, reason, message) of each Event a change from `previous` to `current` status is worth.
 
     One Event when the phase or the Ready reason changes (Warning for WARNING_REASONS: InvalidSpec,
-    CompileFailed, ContainersFailing, NeuronDeviceAccessDenied, Unschedulable, Degraded; Normal otherwise, e.g.
+    CompileFailed, ContainersFailing, NeuronDeviceAccessDenied, Unschedulable, Degraded, HubUnavailable,
+    AlreadyOwned, AdmissionDenied; Normal otherwise, e.g.
     Ready "... serving at <endpoint>"); one when a condition takes a reason of CONDITION_EVENTS (Normal Compiled,
     Warning ProgressDeadlineExceeded); a Warning with the HPA's reason when Autoscaling turns False (or False with
     another reason); a Warning of its own reason (resolve.SpecWarning: ModelMayNotFit, HostMemoryShort,
