@@ -44,6 +44,7 @@ BUILDERS = ("tests/operator_tests/test_builders.py",)
 CRD = ("tests/operator_tests/test_crd.py",)
 RECONCILE = ("tests/operator_tests/test_reconcile.py",)
 HANDLERS = ("tests/operator_tests/test_handlers.py",)
+OWNERSHIP = ("tests/operator_tests/test_ownership.py",)
 RESOLVE = ("tests/operator_tests/test_resolve.py",)
 NXDI_SUITE = ("tests/runtime_tests/runners/test_runner_suite.py", "-k", "nxdi")
 TNX_SUITE = ("tests/runtime_tests/runners/test_runner_suite.py", "-k", "tnx")
@@ -232,6 +233,48 @@ MUTATIONS = [
         "reconcile: hf:// sources left unpinned (each pod resolves main when it starts)", "reconcile.py",
         "        target = target_from_body(body, self.defaults, pin)\n",
         "        target = target_from_body(body, self.defaults)\n",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "status: a refused spec drops the hf:// pins (its fix resolves main again: a new commit, a recompile)",
+        "status.py",
+        '"resolved": o.resolved.as_status() if o.resolved else _pins(o.previous),',
+        '"resolved": o.resolved.as_status() if o.resolved else None,',
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: children force-applied without the ownership check (a hand-made Service is taken over)",
+        "reconcile.py", "        self._claim(target, desired)\n", "",
+        OWNERSHIP, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a deleted child stays known as the model's (whatever takes its name is taken over)",
+        "reconcile.py", "key for key, live in (changed or {}).items() if live is None)",
+        "key for key, live in (changed or {}).items() if False)",
+        OWNERSHIP, OPERATOR,
+    ),
+    Mutation(
+        "ownership: any ownerReference to the model counts, not only the controller's", "ownership.py",
+        'return live is not None and (controller(live) or {}).get("uid") != uid',
+        'return live is not None and uid not in {ref.get("uid") for ref in live["metadata"].get("ownerReferences") '
+        'or []}',
+        OWNERSHIP, OPERATOR,
+    ),
+    Mutation(
+        "k8s: an admission policy's 403 retried and reported as RBAC drift", "k8s.py",
+        " or self.status >= 500) and self.admission is None", " or self.status >= 500)",
+        OWNERSHIP, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a Hub that does not answer leaves no status (a new hf:// model shows nothing)", "reconcile.py",
+        "            self._publish(body, previous, status.hub_unavailable(",
+        "            (lambda *_: None)(body, previous, status.hub_unavailable(",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "status: a serving model whose edit waits for the Hub reported as a new one (Pending, Ready False)",
+        "status.py", '    if not previous.get("phase"):\n        verdicts = {"ArtifactsReady"',
+        '    if True:\n        verdicts = {"ArtifactsReady"',
         RECONCILE, OPERATOR,
     ),
     Mutation(

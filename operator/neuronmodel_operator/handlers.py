@@ -9,7 +9,8 @@
 - Failures are retried in the background with exponential backoff and jitter, capped (`backoff_s`): an API error
   that heals by itself, or a child the API server refused. A spec the operator cannot serve is not retried (the
   Failed condition and an Event are written) until its generation changes. A 401/403 that persists for
-  ACCESS_DENIED_REPORT_AFTER attempts is put in status.warnings and a Warning Event: RBAC drift is visible.
+  ACCESS_DENIED_REPORT_AFTER attempts is put in status.warnings and a Warning Event: RBAC drift is visible (an
+  admission policy's 403, on the NeuronModel's own status say, is named as such: no RBAC change fixes it).
   The 403 of a namespace being deleted is neither retried nor reported: the model is deleted with its namespace.
 - Any event of a child (Deployment, LeaderWorkerSet, Job, Service, ConfigMap, PDB, HPA, ResourceClaimTemplate,
   serving Pod), found by the `managed-by` label, refreshes its owner (`reconcile.py`): a deleted or hand-edited
@@ -130,9 +131,11 @@ class Reconciler:
         self.denied[key] = count = self.denied.get(key, 0) + 1
         owner = body or self.models.get(key)
         if count == ACCESS_DENIED_REPORT_AFTER and owner is not None:
+            fix = (f"{exc.admission} denies them: an admission policy, not RBAC; its owner decides what the operator "
+                   "may write" if exc.admission is not None else
+                   "check its ServiceAccount's RBAC against the chart's (rbac/operator-rules.yaml)")
             message = (f"the operator's requests are refused ({exc.status}: {exc.message}) for {count} attempts in "
-                       "a row; check its ServiceAccount's RBAC against the chart's (rbac/operator-rules.yaml). "
-                       "Retrying with backoff")
+                       f"a row; {fix}. Retrying with backoff")
             await asyncio.get_running_loop().run_in_executor(
                 self.executor, self.reconcile.report_access_denied, owner, message)
 

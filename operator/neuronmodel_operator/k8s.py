@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import kubernetes
 
-from neuronmodel_operator import api
+from neuronmodel_operator import api, ownership
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,16 @@ class ApiError(Exception):
         return self.status == 403 and NAMESPACE_TERMINATING_CAUSE in self.causes
 
     @property
+    def admission(self) -> Optional[str]:
+        """The admission webhook or ValidatingAdmissionPolicy that denied the request, None if none did."""
+        return ownership.admission(self.message) if 400 <= self.status < 500 else None
+
+    @property
     def retryable(self) -> bool:
         """Conflicts, throttling, server errors and the network heal by themselves, and so does a 401/403 (RBAC that
-        lags a fresh install, or is fixed later: the spec is not at fault); 4xx validation does not."""
-        return self.status in (0, 401, 403, 409, 429) or self.status >= 500
+        lags a fresh install, or is fixed later: the spec is not at fault); 4xx validation does not, nor an
+        admission policy's 403 (a child it refuses is reported as such, then retried with backoff)."""
+        return (self.status in (0, 401, 403, 409, 429) or self.status >= 500) and self.admission is None
 
 
 def connect(kubeconfig: Optional[str] = None, pool_size: int = 16) -> kubernetes.client.ApiClient:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Optional
 
-from neuronmodel_operator import api, builders, revisions, status
+from neuronmodel_operator import api, builders, ownership, revisions, status
 from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, LWS_SUFFIX, Target,
                                                   selector_string, target_from_body, workload_name)
 from neuronmodel_operator.builders.service import endpoint
@@ -159,6 +159,7 @@ class Reconcile:
         self._reported: dict[str, dict] = {}  # uid -> the last status written (only this operator writes it)
         self._switching: set[str] = set()  # uids whose old-kind workload serves until the new one is ready
         self._hpas: dict[str, dict] = {}  # uid -> the HPA as last applied or seen (status reads its conditions)
+        self._ours: dict[str, set[tuple[str, str]]] = {}  # uid -> (kind, name) of children known to be its own
 
     def __call__(self, namespace: str, name: str, cleanup: bool, body: Optional[dict] = None,
                  changed: Optional[Changes] = None) -> Outcome:
@@ -169,13 +170,19 @@ class Reconcile:
             if body is not None:
                 self.forget(body["metadata"]["uid"])
             return Outcome(gone=True)  # children go with it through their ownerReferences
+        self._ours.get(body["metadata"]["uid"], set()).difference_update(
+            key for key, live in (changed or {}).items() if live is None)  # deleted: its name may be taken next
         try:
             target = self._target(body)
         except api.SpecError as exc:
             return self._refuse(body, exc)
-        except revisions.HubUnavailable as exc:
+        except revisions.HubUnavailable as exc:  # retried with backoff; no child is changed meanwhile
             log.warning("%s/%s: %s", namespace, name, exc)
-            return Outcome(child_error=str(exc))  # retried with backoff; nothing is changed meanwhile
+            previous = self._previous(body)
+            self._publish(body, previous, status.hub_unavailable(previous, body["metadata"].get("generation", 1),
+                                                                 f"{exc}; {revisions.RETRYING}",
+                                                                 datetime.now(timezone.utc)))
+            return Outcome(child_error=str(exc))
         resolved = target.resolved
         switching = target.uid in self._switching
         try:
@@ -184,14 +191,20 @@ class Reconcile:
             return self._apply(body, target, cleanup or switching)
         except api.SpecError as exc:  # found only once the children are built: two sources at one path, say
             return self._refuse(body, exc)
+        except ownership.AlreadyOwned as exc:
+            return self._refused_child(body, target, "AlreadyOwned", str(exc))
         except ApiError as exc:
             if exc.retryable:
                 raise
             # Our own object shape (or an admission policy) was refused: say which child and why, and try again
             # with backoff; a spec change retries at once. Never a permanent failure.
-            message = f"the API server refused a child of this NeuronModel: {exc.message}"
-            self._write_status(body, resolved, target, message, None, None, [], held=False)
-            return Outcome(child_error=message)
+            return self._refused_child(body, target, *ownership.refused(exc.message, exc.admission))
+
+    def _refused_child(self, body: dict, target: Target, reason: str, message: str) -> Outcome:
+        """A child the API server refused, or one the operator may not write: the Failed status and a Warning Event
+        say which and why; retried with backoff."""
+        self._write_status(body, target.resolved, target, message, None, None, [], held=False, error_reason=reason)
+        return Outcome(child_error=message)
 
     def _refuse(self, body: dict, exc: api.SpecError) -> Outcome:
         """A spec the operator cannot serve: the Failed status says why; no retry until the spec changes."""
@@ -243,6 +256,7 @@ class Reconcile:
             old = next((w for kind, w in live.items() if kind != _kind(serving)), None)
             leaving = served_target(old, target, self.defaults) if old is not None else None
         desired = self._desired(serving or target, leaving, service_only=serving is None)
+        self._claim(target, desired)
         self._hand_over_replicas(desired, live)
         applied = dict(zip(((m["kind"], m["metadata"]["name"]) for m in desired),
                            self._appliers.map(self.kube.apply, desired)))
@@ -299,6 +313,21 @@ class Reconcile:
         return [old.pop(m["kind"], m) if m["kind"] in FOLLOW_THE_SERVING_SIDE else m for m in desired] + \
             list(old.values())  # an old HPA the new spec has none of
 
+    def _claim(self, target: Target, manifests: list[dict]) -> None:
+        """Raise ownership.AlreadyOwned, before anything is written, if one of `manifests` names an object that
+        exists and is not this model's. One GET each, at once, for the children of fixed names not known to be its
+        own yet (a model's first reconcile in this process; a new PDB or HPA); what was found its own is known."""
+        ours = self._ours.setdefault(target.uid, set())
+        unknown = [m for m in manifests if m["kind"] not in ownership.NAMED_BY_CONTENT and
+                   (m["kind"], m["metadata"]["name"]) not in ours]
+        found = self._appliers.map(lambda m: self.kube.get(m["kind"], target.namespace, m["metadata"]["name"]),
+                                   unknown)
+        for manifest, live in zip(unknown, found):
+            if ownership.foreign(live, target.uid):
+                raise ownership.AlreadyOwned(manifest["kind"], target.namespace, manifest["metadata"]["name"], live,
+                                             target.name)
+        ours.update((m["kind"], m["metadata"]["name"]) for m in unknown)
+
     def _workloads(self, target: Target) -> dict[str, dict]:
         """The live Deployment and LeaderWorkerSet of the model, by kind (one GET each)."""
         found = {}
@@ -337,6 +366,7 @@ class Reconcile:
             wanted = desired.get(key)
             if wanted is not None and (live is None or not contains(live, wanted)):
                 log.info("restoring %s %s/%s", key[0], target.namespace, key[1])
+                self._claim(target, [wanted])
                 live = self.kube.apply(wanted)
             if key == workload_key:
                 workload, status_changed = live, True
@@ -368,6 +398,7 @@ class Reconcile:
         self._reported.pop(uid, None)
         self._switching.discard(uid)
         self._hpas.pop(uid, None)
+        self._ours.pop(uid, None)
 
     def report_access_denied(self, body: dict, message: str) -> None:
         """Put a persisting 401/403 where users look: status.warnings (the next successful reconcile's status
@@ -427,6 +458,7 @@ class Reconcile:
                         continue
                 log.info("deleting stale %s %s/%s", kind, target.namespace, meta["name"])
                 self.kube.delete(kind, target.namespace, meta["name"])
+                self._ours.get(target.uid, set()).discard((kind, meta["name"]))
 
     def _in_use(self, target: Target) -> set[tuple[str, str]]:
         """The content-named children (runtime ConfigMaps, ResourceClaimTemplates) that the model's ReplicaSets
@@ -445,7 +477,7 @@ class Reconcile:
 
     def _write_status(self, body: dict, resolved: Optional[Resolved], target: Optional[Target],
                       spec_error: Optional[str], workload: Optional[dict], job: Optional[dict], pods: list,
-                      held: bool) -> None:
+                      held: bool, error_reason: str = "InvalidSpec") -> None:
         meta = body["metadata"]
         previous = self._previous(body)
         spec_replicas = (body.get("spec") or {}).get("replicas")
@@ -457,8 +489,12 @@ class Reconcile:
             rollout_held=held, pods=pods, endpoint=endpoint(target) if target else "",
             selector=selector_string(target) if target else "", now=datetime.now(timezone.utc),
             compile_cache_url=target.spec.compile_cache.url if target else None,
-            hpa=self._hpa(target) if target else None)
-        current = status.status(observed)
+            hpa=self._hpa(target) if target else None, error_reason=error_reason)
+        self._publish(body, previous, status.status(observed))
+
+    def _publish(self, body: dict, previous: dict, current: dict) -> None:
+        """Write `current` over `previous` (only if it changed) and the Events the change is worth."""
+        meta = body["metadata"]
         if current != previous:
             self.kube.patch_status(meta["namespace"], meta["name"], status.merge_patch(previous, current))
         self._reported[meta["uid"]] = current

@@ -5,7 +5,8 @@ branch moves, and each pod's fetch init container would resolve it on its own, w
 day apart would serve different weights under one compile key. The operator resolves such a revision to its commit
 once, through the Hub API (or the mirror at HF_ENDPOINT), and gives the pods the commit. The reconcile records what
 was resolved and passes it back as `known`: a source and revision found there are never asked again, so replicas,
-restarts and operator upgrades keep the commit until the user edits the source or the revision.
+restarts, operator upgrades and refused edits (the Failed status keeps the pins) keep the commit until the user
+edits the source or the revision.
 
 The operator never reads Secrets (it has no RBAC on them, on purpose), so it asks the Hub without a token, also for
 a source fetched with spec.model.tokenSecretRef: a gated repository (Llama, say) shows its commits to anyone, only
@@ -25,6 +26,9 @@ from neuronmodel_operator import api
 HUB_TIMEOUT_S = 10.0  # one request per unpinned source; a Hub that does not answer is retried by the reconcile
 DEFAULT_REVISION = "main"  # what `neuronmodel-runtime fetch` (and the Hub) read without a revision
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+#: What the status adds to a HubUnavailable message while the reconcile retries.
+RETRYING = ("retrying with backoff (a cluster whose egress goes through a proxy or a Hub mirror sets the chart's "
+            "proxy or hfEndpoint values)")
 
 
 class HubUnavailable(Exception):

@@ -21,8 +21,14 @@ Progressing and UpdateInProgress False, so there "has seen" is: Available True, 
 in the moment between an apply that changes the template and the controller's first reconcile of it looks settled:
 only the applier, which saw the generation change, can tell that it is stale.
 
+While the Hub does not answer a revision the spec needs pinned, `hub_unavailable` writes the status instead: the
+previous one with Progressing False/HubUnavailable (a new model: Pending, Ready False/HubUnavailable too).
+
 Phase, first match wins (its reason and message are the Ready condition's):
-  Failed     InvalidSpec     `spec_error` is set: the spec cannot be served; no retry until it changes.
+  Failed     InvalidSpec     `spec_error` is set: the spec cannot be served; no retry until it changes. Or, with
+                             that reason (`error_reason`), a child that cannot be written, retried with backoff:
+             AlreadyOwned    an object of the child's kind and name exists and is not this model's (ownership.py);
+             AdmissionDenied an admission webhook or ValidatingAdmissionPolicy refused the child.
   Failed     CompileFailed   the compile Job failed (condition Failed or FailureTarget True: backoffLimit or
                              activeDeadlineSeconds exceeded).
   Compiling  Compiling       a required compile Job has not succeeded (not created yet, created but not started,
@@ -59,7 +65,7 @@ Conditions, the four of CONDITION_TYPES in that order, then Autoscaling when the
                   Unknown/InvalidSpec (nothing resolved).
   Available       True/MinimumReplicasAvailable when >= 1 replica is available (the Deployment's
                   availableReplicas; readyReplicas for a LeaderWorkerSet), else False/NoReplicasAvailable.
-  Progressing     first match: False/InvalidSpec; False/CompileFailed; True/WaitingForArtifacts (held, or
+  Progressing     first match: False/InvalidSpec (or the refused child's reason); False/CompileFailed; True/WaitingForArtifacts (held, or
                   compiling before any workload exists); True/Creating (no workload); False/ProgressDeadlineExceeded
                   (the Deployment's Progressing condition says so); True/RollingOut; True/RolloutComplete.
   Ready           True/Ready, or False with the phase's reason.
@@ -71,6 +77,9 @@ lastTransitionTime (RFC 3339 UTC) is kept from the previous status while a condi
 set to `now` when it changes (metav1 semantics). One exception, so that a generation's start is on record:
 Progressing is about the rollout of one generation, so its lastTransitionTime is also set to `now` on the first
 reconcile of a new generation.
+
+`resolved` is what the spec resolved to; a spec that resolves nothing (InvalidSpec) keeps only the previous
+`resolved.revisions` (the hf:// pins): fixing the spec then serves the commits it served, not main's newest.
 
 Timings, in seconds, each measured once and then kept:
   compileSeconds      the succeeded Job's completionTime - startTime; kept while the compile key is the same.
@@ -94,7 +103,8 @@ from neuronmodel_runtime.config.keys import ARTIFACTS_MISSING
 
 #: Ready reasons whose Event is a Warning; every other transition is Normal.
 WARNING_REASONS = frozenset({"InvalidSpec", "CompileFailed", "ContainersFailing", "NeuronDeviceAccessDenied",
-                             "ArtifactsMissing", "Unschedulable", "Degraded"})
+                             "ArtifactsMissing", "Unschedulable", "Degraded", "HubUnavailable", "AlreadyOwned",
+                             "AdmissionDenied"})
 #: Starts the runtime's termination message when it cannot open a Neuron device as its uid (the runtime's
 #: frameworks.DEVICE_ACCESS_MARKER: the two packages share no code, tests/operator_tests/test_status.py pins both).
 DEVICE_ACCESS_MARKER = "NeuronDeviceAccessDenied"
@@ -129,6 +139,7 @@ class Observed:
     now: datetime
     compile_cache_url: Optional[str] = None  # spec.compileCache.url: says why no Job is needed
     hpa: Optional[Mapping] = None  # the HorizontalPodAutoscaler (camelCase dict) under spec.autoscaling, else None
+    error_reason: str = "InvalidSpec"  # the reason of `spec_error`: AlreadyOwned, AdmissionDenied for a refused child
 
 
 @dataclass(frozen=True)
@@ -286,7 +297,7 @@ def _phase(o: Observed, artifacts: _Verdict, workload: Optional[_Workload]) -> t
     held = f"; the previous spec keeps serving on {workload.available} replica(s)" \
         if o.rollout_held and workload and workload.available else ""
     if o.spec_error:
-        return "Failed", _Verdict("False", "InvalidSpec", o.spec_error)
+        return "Failed", _Verdict("False", o.error_reason, o.spec_error)
     if artifacts.reason == "CompileFailed":
         return "Failed", _Verdict("False", "CompileFailed", artifacts.message + held)
     if artifacts.reason == "Compiling" or o.rollout_held:
@@ -333,7 +344,8 @@ def _available(workload: Optional[_Workload], held: bool) -> _Verdict:
 
 def _progressing(o: Observed, artifacts: _Verdict, workload: Optional[_Workload]) -> _Verdict:
     if o.spec_error:
-        return _Verdict("False", "InvalidSpec", "nothing rolls out until the spec is fixed")
+        return _Verdict("False", o.error_reason, "nothing rolls out until the spec is fixed" if
+                        o.error_reason == "InvalidSpec" else "nothing rolls out until the child can be written")
     if artifacts.reason == "CompileFailed":
         return _Verdict("False", "CompileFailed", "nothing rolls out until the compile succeeds (see ArtifactsReady)")
     if o.rollout_held or (artifacts.reason == "Compiling" and workload is None):
@@ -371,15 +383,16 @@ def _autoscaling(hpa: Mapping) -> _Verdict:
 def _conditions(o: Observed, verdicts: Mapping[str, _Verdict]) -> list[dict]:
     before = {c.get("type"): c for c in o.previous.get("conditions") or []}
     new_generation = o.previous.get("observedGeneration") != o.generation
-    conditions = []
-    for type_ in [*CONDITION_TYPES, *(["Autoscaling"] if "Autoscaling" in verdicts else [])]:
-        verdict, old = verdicts[type_], before.get(type_) or {}
-        kept = old.get("status") == verdict.status and not (type_ == "Progressing" and new_generation)
-        conditions.append({"type": type_, "status": verdict.status, "reason": verdict.reason,
-                           "message": verdict.message, "observedGeneration": o.generation,
-                           "lastTransitionTime": old.get("lastTransitionTime") if kept and
-                           old.get("lastTransitionTime") else _stamp(o.now)})
-    return conditions
+    return [_set(type_, verdicts[type_], before.get(type_) or {}, o.generation, o.now,
+                 keep=not (type_ == "Progressing" and new_generation))
+            for type_ in [*CONDITION_TYPES, *(["Autoscaling"] if "Autoscaling" in verdicts else [])]]
+
+
+def _set(type_: str, verdict: _Verdict, old: Mapping, generation: int, now: datetime, keep: bool = True) -> dict:
+    """The condition `type_` says `verdict`; its lastTransitionTime is `old`'s while the status stays (and `keep`)."""
+    kept = keep and old.get("status") == verdict.status and old.get("lastTransitionTime")
+    return {"type": type_, "status": verdict.status, "reason": verdict.reason, "message": verdict.message,
+            "observedGeneration": generation, "lastTransitionTime": old["lastTransitionTime"] if kept else _stamp(now)}
 
 
 # --- timings -------------------------------------------------------------------------------------------------
@@ -415,6 +428,13 @@ def _timings(o: Observed, phase: str, conditions: list[dict]) -> dict:
     return {key: value for key, value in timings.items() if value is not None}
 
 
+def _pins(previous: Mapping) -> Optional[dict]:
+    """What a status that resolved nothing (a refused spec, a Hub that did not answer) keeps of the previous one's
+    `resolved`: its pins, so that the fixed spec serves the commits it served instead of resolving main again."""
+    revisions = (previous.get("resolved") or {}).get("revisions")
+    return {"revisions": dict(revisions)} if revisions else None
+
+
 # --- the public functions ------------------------------------------------------------------------------------
 
 def status(observed: Observed) -> dict:
@@ -433,12 +453,30 @@ def status(observed: Observed) -> dict:
         "phase": phase, "conditions": conditions,
         "replicas": workload.total if workload else 0, "readyReplicas": ready_replicas,
         "ready": f"{ready_replicas}/{desired}", "selector": o.selector, "endpoint": o.endpoint,
-        "resolved": o.resolved.as_status() if o.resolved else None,
+        "resolved": o.resolved.as_status() if o.resolved else _pins(o.previous),
         "timings": _timings(o, phase, conditions),
         "warnings": list(o.resolved.warnings) if o.resolved else [],
         "observedGeneration": o.generation,
     }
     return {key: value for key, value in current.items() if value is not None}
+
+
+def hub_unavailable(previous: Mapping, generation: int, message: str, now: datetime) -> dict:
+    """The status while the Hub does not answer the revision a spec needs pinned (revisions.HubUnavailable): nothing
+    is built for this generation yet, and whatever served before keeps serving. The previous status, its
+    observedGeneration too (this generation is not reconciled), with Progressing False/HubUnavailable and the
+    message; a model that never had a status is also Pending, Ready False/HubUnavailable."""
+    waiting = _Verdict("False", "HubUnavailable", message)
+    verdicts = {"Progressing": waiting}
+    if not previous.get("phase"):
+        verdicts = {"ArtifactsReady": _Verdict("Unknown", "HubUnavailable", "nothing to compile until the revision "
+                                               "is resolved"),
+                    "Available": _Verdict("False", "NoReplicasAvailable", "no serving workload yet"),
+                    "Progressing": waiting, "Ready": waiting}
+    conditions = {c.get("type"): c for c in previous.get("conditions") or []}
+    for type_, verdict in verdicts.items():
+        conditions[type_] = _set(type_, verdict, conditions.get(type_) or {}, generation, now)
+    return {**previous, "phase": previous.get("phase") or "Pending", "conditions": list(conditions.values())}
 
 
 def merge_patch(previous: Mapping, current: Mapping) -> dict:
@@ -460,7 +498,8 @@ def events(previous: Mapping, current: Mapping) -> list[tuple[str, str, str]]:
     """(type, reason, message) of each Event a change from `previous` to `current` status is worth.
 
     One Event when the phase or the Ready reason changes (Warning for WARNING_REASONS: InvalidSpec,
-    CompileFailed, ContainersFailing, NeuronDeviceAccessDenied, Unschedulable, Degraded; Normal otherwise, e.g.
+    CompileFailed, ContainersFailing, NeuronDeviceAccessDenied, Unschedulable, Degraded, HubUnavailable,
+    AlreadyOwned, AdmissionDenied; Normal otherwise, e.g.
     Ready "... serving at <endpoint>"); one when a condition takes a reason of CONDITION_EVENTS (Normal Compiled,
     Warning ProgressDeadlineExceeded); a Warning with the HPA's reason when Autoscaling turns False (or False with
     another reason); a Warning of its own reason (resolve.SpecWarning: ModelMayNotFit, HostMemoryShort,

@@ -38,6 +38,10 @@ INVALID = {
     "compile-cache policy unknown": ({"compileCache": {"policy": "Sometimes"}}, ("policy",)),
     "allowHostPath as a word": ({"allowHostPath": "yes"}, ("allowHostPath", "boolean")),
     "neuronSchedulerName not a name": ({"neuronSchedulerName": "My Scheduler"}, ("neuronSchedulerName",)),
+    "proxy without a scheme": ({"proxy": {"https": "proxy.internal:3128"}}, ("https",)),
+    "extraEnv setting a variable a value sets": ({"extraEnv": [{"name": "HTTPS_PROXY", "value": "x"}]},
+                                                 ("extraEnv",)),
+    "extraEnv without a name": ({"extraEnv": [{"value": "x"}]}, ("extraEnv", "name")),
 }
 
 
@@ -50,6 +54,14 @@ def test_schema_rejects_bad_values_naming_the_key(helm, tmp_path, name):
     assert "don't meet the specifications of the schema" in message
     for word in named:
         assert word.lower() in message.lower(), message
+
+
+def test_no_proxy_without_a_proxy_fails_to_render_with_the_fix(helm, tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text("proxy:\n  noProxy: .internal\n")
+    out = chart_sync.render(values, helm)
+    assert out.returncode != 0
+    assert "proxy.noProxy is set but neither proxy.https nor proxy.http" in out.stderr
 
 
 def test_replicas_without_peering_fail_to_render_with_the_fix(helm, tmp_path):

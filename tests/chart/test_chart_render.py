@@ -120,6 +120,29 @@ def test_the_operator_reads_the_charts_scheduler_and_host_path_settings(rendered
     assert (defaults.neuron_scheduler_name, defaults.allow_host_path) == (scheduler, host_path)
 
 
+def test_the_hub_endpoint_proxy_and_extra_env_reach_the_operator(rendered):
+    variables = env(find_one(rendered["hub-proxy"], "Deployment"))
+    assert variables["HF_ENDPOINT"] == "https://hf-mirror.internal"
+    assert variables["HTTPS_PROXY"] == "http://proxy.internal:3128" and "HTTP_PROXY" not in variables
+    assert variables["NO_PROXY"] == ".internal,10.0.0.0/8,$(KUBERNETES_SERVICE_HOST)"
+    assert variables["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt" and variables["HF_HUB_ETAG_TIMEOUT"] == "20"
+    assert not {"HF_ENDPOINT", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"} & set(env(find_one(rendered["defaults"],
+                                                                                            "Deployment")))
+
+
+def test_the_operator_reaches_the_api_server_directly_under_the_charts_proxy(rendered, monkeypatch):
+    """The kubernetes client reads HTTPS_PROXY as well: without the API server in NO_PROXY every request of the
+    operator would go through the proxy. The kubelet expands $(KUBERNETES_SERVICE_HOST) (a service variable)."""
+    import kubernetes
+    host = "172.20.0.1"
+    for name, value in env(find_one(rendered["hub-proxy"], "Deployment")).items():
+        monkeypatch.setenv(name, value.replace("$(KUBERNETES_SERVICE_HOST)", host))
+    configuration = kubernetes.client.Configuration()
+    configuration.host = f"https://{host}:443"
+    assert configuration.proxy == "http://proxy.internal:3128"  # what the Hub's requests take
+    assert kubernetes.client.rest.should_bypass_proxies(configuration.host, configuration.no_proxy)
+
+
 def test_custom_images_placement_and_compile_cache(rendered):
     docs = rendered["custom-images"]
     deployment = find_one(docs, "Deployment")

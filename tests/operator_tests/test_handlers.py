@@ -81,6 +81,19 @@ def test_persisting_access_denied_is_reported_once(code):
     assert str(code) in reconcile.reported[0] and "rbac/operator-rules.yaml" in reconcile.reported[0]
 
 
+def test_a_persisting_admission_denial_is_reported_naming_the_policy_not_rbac():
+    """The status write itself refused by a ValidatingAdmissionPolicy (a child refused by one is reported by the
+    reconcile: test_ownership.py): the warning names the policy, and sends nobody to the RBAC rules."""
+    denied = ApiError(403, "neuronmodels.neuronmodel.dev \"llama\" is forbidden: ValidatingAdmissionPolicy "
+                           "'freeze' with binding 'freeze' denied request: the team namespace is frozen")
+    reconcile = ScriptedReconcile(*[denied] * 3)
+    run(reconcile, attempts=3)
+    (message,) = reconcile.reported
+    assert "ValidatingAdmissionPolicy 'freeze' (binding 'freeze') denies them: an admission policy, not RBAC" in \
+        message
+    assert "rbac/operator-rules.yaml" not in message
+
+
 @pytest.mark.parametrize("error", [
     ApiError(503, "etcd leader changed"),
     ApiError(403, 'configmaps "llama-runtime-0c1d" is forbidden: unable to create new content in namespace team '

@@ -50,6 +50,7 @@ class FakeKube:
         self.fail_apply: dict[str, ApiError] = {}  # kind -> the error apply raises
         self.lagging: set[tuple[str, str]] = set()  # (kind, name) whose controller has not observed the spec yet
         self.replicas_owners: dict[tuple[str, str], set[str]] = {}  # (kind, name) -> managers of spec.replicas
+        self.got: list[tuple[str, str]] = []  # (kind, name) of each GET
 
     # --- test helpers
     def put(self, obj: dict) -> None:
@@ -125,6 +126,7 @@ class FakeKube:
         return self._with_status(kind, stored)
 
     def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
+        self.got.append((kind, name))
         obj = self.objects.get((kind, namespace, name))
         return None if obj is None else self._with_status(kind, obj)
 
@@ -706,12 +708,57 @@ def test_an_unpinned_hf_source_is_pinned_once_and_every_replica_fetches_that_com
     assert kube.model()["status"]["resolved"]["modelRevision"] == first
 
 
-def test_a_hub_that_does_not_answer_is_retried_not_failed(kube, reconcile, monkeypatch):
+def test_a_refused_edit_keeps_the_pins_so_its_fix_serves_the_same_commit(kube, reconcile, hub):
+    """A typo (InvalidSpec) and its fix: the Failed status in between still records the pins, so main, moved on the
+    Hub meanwhile, is not resolved again: the same commit, the same compile key, nothing compiles again."""
+    job_a, _ = serve_a(kube, reconcile)
+    first = hub.commit
+    hub.commit = "feed" * 10  # main moves on the Hub
+    set_spec(kube, {**NEURON_A, "parallelism": {"tensorParallelDegree": 128}})  # the typo
+    assert reconcile(NS, NAME, cleanup=True).spec_error
+    assert kube.model()["status"]["resolved"]["revisions"] == {f"hf://{HF_REPO}@": first}
+    set_spec(kube, NEURON_A)  # the fix
+    assert reconcile(NS, NAME, cleanup=True) == Outcome()
+    deployment = kube.one("Deployment")
+    assert fetched_revisions(deployment) == [first] and template_key(deployment) == job_key(job_a)
+    assert kube.model()["status"]["resolved"]["modelRevision"] == first
+
+
+def conditions(kube: FakeKube) -> dict[str, dict]:
+    return {c["type"]: c for c in kube.model()["status"]["conditions"]}
+
+
+def test_a_hub_that_does_not_answer_is_retried_not_failed_and_says_so(kube, reconcile, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     kube.put(body(NEURON_A))
     outcome = reconcile(NS, NAME, cleanup=True)
     assert outcome.child_error and not outcome.spec_error
-    assert kube.children() == {} and "status" not in kube.model()
+    assert kube.children() == {}
+    status = kube.model()["status"]
+    assert status["phase"] == "Pending" and "observedGeneration" not in status  # this generation is not served yet
+    ready = conditions(kube)["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "HubUnavailable"
+    assert f"resolving hf://{HF_REPO}@main: the Hub at http://127.0.0.1:9 did not answer" in ready["message"]
+    assert "retrying" in ready["message"] and "hfEndpoint" in ready["message"]
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "HubUnavailable")]
+    reconcile(NS, NAME, cleanup=True)  # the retry: nothing new to say
+    assert len(kube.status_patches) == 1 and len(kube.events) == 1
+
+
+def test_a_serving_model_whose_edit_waits_for_the_hub_keeps_serving_and_says_so(kube, reconcile, monkeypatch):
+    _, deployment = serve_a(kube, reconcile)
+    phase, ready = kube.model()["status"]["phase"], conditions(kube)["Ready"]
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    set_spec(kube, {**NEURON_A, "model": {**NEURON_A["model"], "revision": "v2"}})  # a revision not pinned yet
+    assert reconcile(NS, NAME, cleanup=True).child_error
+    assert kube.one("Deployment") == deployment  # untouched: the previous spec keeps serving
+    status = kube.model()["status"]
+    assert status["phase"] == phase and status["observedGeneration"] == 1
+    assert status["resolved"]["revisions"] == {f"hf://{HF_REPO}@": kube.model()["status"]["resolved"]["modelRevision"]}
+    assert conditions(kube)["Ready"] == ready
+    progressing = conditions(kube)["Progressing"]
+    assert progressing["reason"] == "HubUnavailable" and progressing["observedGeneration"] == 2
+    assert f"hf://{HF_REPO}@v2" in progressing["message"]
 
 
 # --- the fake API server refuses and forgets what the real one does (tests/integration/test_api_rules.py shows the

@@ -61,6 +61,9 @@ helm.sh/chart: {{ include "neuronmodel-operator.chart" . }}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.peering.enabled) -}}
 {{- fail (printf "replicaCount is %d but peering.enabled is false: replicas without kopf peering would reconcile the same NeuronModels at once; set peering.enabled=true or replicaCount=1" (int .Values.replicaCount)) -}}
 {{- end -}}
+{{- if and .Values.proxy.noProxy (not (or .Values.proxy.https .Values.proxy.http)) -}}
+{{- fail "proxy.noProxy is set but neither proxy.https nor proxy.http: set the proxy the operator's requests to the Hub take, or remove proxy.noProxy" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The rules file parsed; a file that does not parse fails the render. */}}

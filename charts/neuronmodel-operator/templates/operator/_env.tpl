@@ -1,4 +1,5 @@
-{{/* The operator's environment: one variable per `neuronmodel-operator` flag (operator/neuronmodel_operator/cli.py). */}}
+{{/* The operator's environment: one variable per `neuronmodel-operator` flag (operator/neuronmodel_operator/cli.py),
+then the Hub's endpoint and the proxy the operator's requests to it take (revisions.py), then extraEnv. */}}
 {{- define "neuronmodel-operator.env" -}}
 {{- with .Values.watchNamespaces }}
 - name: NEURONMODEL_OPERATOR_NAMESPACES
@@ -42,4 +43,24 @@
   value: {{ .Values.multiNode.groupTopologyKey | quote }}
 - name: NEURONMODEL_OPERATOR_ALLOW_HOST_PATH
   value: {{ .Values.allowHostPath | quote }}
+{{- with .Values.hfEndpoint }}
+- name: HF_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.proxy.https }}
+- name: HTTPS_PROXY
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.proxy.http }}
+- name: HTTP_PROXY
+  value: {{ . | quote }}
+{{- end }}
+{{- if or .Values.proxy.https .Values.proxy.http }}
+{{- /* the kubernetes client reads the proxy variables too: the API server is reached directly */}}
+- name: NO_PROXY
+  value: {{ join "," (compact (list .Values.proxy.noProxy "$(KUBERNETES_SERVICE_HOST)")) | quote }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
