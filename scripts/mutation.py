@@ -185,7 +185,14 @@ MUTATIONS = [
     ),
     Mutation(
         "reconcile: an edit outside the compile key compiles again", "reconcile.py",
-        "        job = self._compiled(target)\n", "        job = None\n",
+        "        if job is not None:\n            compile_children = []\n", "        job = None\n",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a template-only edit (a toleration) replaces the running compile Job of the same key",
+        "reconcile.py",
+        "next((job for job in of_key if job[\"metadata\"][\"name\"] != current and self._compiling(job)), None)",
+        "None",
         RECONCILE, OPERATOR,
     ),
     Mutation(

@@ -59,6 +59,8 @@ WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 FOLLOW_THE_SERVING_SIDE = ("Service", "HorizontalPodAutoscaler")
 #: The label LeaderWorkerSet puts on the StatefulSets (and pods) of one LeaderWorkerSet.
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+#: The label the Job controller puts on a Job's pods (Kubernetes 1.27+).
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 @dataclass(frozen=True)
@@ -73,9 +75,14 @@ def _time(stamp: str) -> datetime:
     return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
 
 
+def _has(obj: Optional[dict], *types: str) -> bool:
+    """Is a condition of one of `types` True on the object?"""
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") in types and c.get("status") == "True" for c in conditions)
+
+
 def _succeeded(job: Optional[dict]) -> bool:
-    conditions = (job or {}).get("status", {}).get("conditions") or []
-    return any(c["type"] == "Complete" and c["status"] == "True" for c in conditions)
+    return _has(job, "Complete")
 
 
 def _kind(target: Target) -> str:
@@ -219,10 +226,13 @@ class Reconcile:
         return dataclasses.replace(target, resolved=resolved)
 
     def _apply(self, body: dict, target: Target, cleanup: bool) -> Outcome:
-        # A compile key that a Job (of any template) has compiled needs no new Job: an edit outside the key rolls
-        # at once. Otherwise the Job of the current template runs.
-        job = self._compiled(target)
-        compile_children = [] if job is not None else builders.compile_children(target)
+        # A compile key that a Job (of any template) has compiled, or compiles now, needs no new Job: an edit
+        # outside the key rolls at once (or once that Job is done). Otherwise the Job of the current template runs.
+        compile_children = builders.compile_children(target)
+        job = self._compiled(target, next((m["metadata"]["name"] for m in compile_children if m["kind"] == "Job"),
+                                          None))
+        if job is not None:
+            compile_children = []
         for manifest in compile_children:
             applied = self.kube.apply(manifest)
             if manifest["kind"] == "Job":
@@ -398,14 +408,27 @@ class Reconcile:
     def _previous(self, body: dict) -> dict:
         return self._reported.get(body["metadata"]["uid"]) or body.get("status") or {}
 
-    def _compiled(self, target: Target) -> Optional[dict]:
-        """A succeeded compile Job of the target's compile key, None when there is none (or no Job is needed)."""
+    def _compiled(self, target: Target, current: Optional[str]) -> Optional[dict]:
+        """The compile Job of the target's compile key to go on with: a succeeded one, else one of another template
+        (a toleration, a ServiceAccount edited) whose pod runs the compile and none failed: replacing it would throw
+        hours of compile away. None when there is neither (or no Job is needed): the Job `current` runs.
+        A pending Job of another template is replaced: the edit may be what lets it schedule."""
         if not target.resolved.compile_job:
             return None
         selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_COMPONENT}={COMPONENT_COMPILE}"
-        return next((job for job in self.kube.list("Job", target.namespace, selector) if _succeeded(job) and
-                     (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_COMPILE_KEY)
-                     == target.resolved.compile_key), None)
+        of_key = [job for job in self.kube.list("Job", target.namespace, selector)
+                  if (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_COMPILE_KEY)
+                  == target.resolved.compile_key]
+        return next((job for job in of_key if _succeeded(job)), None) or \
+            next((job for job in of_key if job["metadata"]["name"] != current and self._compiling(job)), None)
+
+    def _compiling(self, job: dict) -> bool:
+        """The Job's pod runs (scheduled), no pod of it failed and the Job has not failed."""
+        state = job.get("status") or {}
+        if not state.get("active") or state.get("failed") or _has(job, "Failed", "FailureTarget"):
+            return False
+        pods = self.kube.list("Pod", job["metadata"]["namespace"], f"{JOB_NAME_LABEL}={job['metadata']['name']}")
+        return any(_has(pod, "PodScheduled") for pod in pods)
 
     def _delete_stale(self, target: Target, keep: set, kinds: Iterable[str]) -> None:
         """Children of `kinds` with our label that the current spec does not want (compile leftovers: superseded

@@ -552,14 +552,56 @@ def test_an_edit_while_compiling_replaces_the_job_never_a_422(kube, reconcile):
     kube.put(body(NEURON_A))
     reconcile(NS, NAME, cleanup=True)
     (first,) = jobs(kube)
-    kube.statuses["Job", first["metadata"]["name"]] = RUNNING
-    # the compile runs out of memory: the user raises it (the fake refuses a changed Job template, as the API does)
+    kube.statuses["Job", first["metadata"]["name"]] = {**RUNNING, "failed": 1}
+    # the compile runs out of memory (a pod failed, the Job retries): the user raises it (the fake refuses a changed
+    # Job template, as the API does)
     set_spec(kube, {**NEURON_A, "resources": {"requests": {"memory": "64Gi"}}})
     assert reconcile(NS, NAME, cleanup=True) == Outcome()
     (second,) = jobs(kube)
     assert second["metadata"]["name"] != first["metadata"]["name"] and job_key(second) == job_key(first)
     assert second["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] == "64Gi"
     assert {("Job", first["metadata"]["name"]), ("ConfigMap", first["metadata"]["name"])} <= set(kube.deleted)
+
+
+def compile_pod(kube: FakeKube, job: dict, scheduled: bool) -> None:
+    """The Job controller's pod of `job`: running (scheduled) or pending."""
+    kube.put({"kind": "Pod", "metadata": {"name": job["metadata"]["name"] + "-x", "namespace": NS,
+                                          "labels": {"batch.kubernetes.io/job-name": job["metadata"]["name"]}},
+              "status": {"phase": "Running" if scheduled else "Pending",
+                         "conditions": [{"type": "PodScheduled", "status": "True" if scheduled else "False"}]}})
+
+
+@pytest.mark.parametrize("edit", [{"tolerations": [{"key": "dedicated", "operator": "Exists"}]},
+                                  {"serviceAccountName": "model-reader"}])
+def test_a_template_only_edit_keeps_the_running_compile(kube, reconcile, edit):
+    kube.put(body(NEURON_A))
+    reconcile(NS, NAME, cleanup=True)
+    (first,) = jobs(kube)
+    kube.statuses["Job", first["metadata"]["name"]] = RUNNING
+    compile_pod(kube, first, scheduled=True)
+    set_spec(kube, {**NEURON_A, **edit})
+    assert reconcile(NS, NAME, cleanup=True) == Outcome()
+    assert jobs(kube) == [first] and kube.deleted == []  # hours of compile are not thrown away
+    assert kube.model()["status"]["phase"] == "Compiling"
+    kube.statuses["Job", first["metadata"]["name"]] = COMPLETE
+    reconcile(NS, NAME, cleanup=True)
+    template = kube.one("Deployment")["spec"]["template"]["spec"]  # serves the edited spec on its artifacts
+    assert template_key(kube.one("Deployment")) == job_key(first)
+    assert template.get("serviceAccountName") == edit.get("serviceAccountName", template.get("serviceAccountName"))
+    assert jobs(kube) == [first]
+
+
+def test_a_template_edit_replaces_a_compile_job_whose_pod_cannot_schedule(kube, reconcile):
+    kube.put(body(NEURON_A))
+    reconcile(NS, NAME, cleanup=True)
+    (first,) = jobs(kube)
+    kube.statuses["Job", first["metadata"]["name"]] = {"active": 1}
+    compile_pod(kube, first, scheduled=False)  # the toleration the user adds is what lets it schedule
+    set_spec(kube, {**NEURON_A, "tolerations": [{"key": "dedicated", "operator": "Exists"}]})
+    reconcile(NS, NAME, cleanup=True)
+    (second,) = jobs(kube)
+    assert second["metadata"]["name"] != first["metadata"]["name"]
+    assert second["spec"]["template"]["spec"]["tolerations"][-1]["key"] == "dedicated"
 
 
 UNPINNED_IMAGE = {**NEURON_A}  # no spec.image: the image comes from the operator's defaults
