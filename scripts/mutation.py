@@ -213,6 +213,12 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "reconcile: a kind switch under autoscaling starts the new workload at 1 and switches once 1 is ready",
+        "reconcile.py",
+        "            workload = self._match_replicas(workload, live[_kind(leaving)])\n", "",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
         "reconcile: replicas -> autoscaling without the hand-over (the Deployment resets to 1)", "reconcile.py",
         "        self._hand_over_replicas(desired, live)\n", "",
         RECONCILE, OPERATOR,

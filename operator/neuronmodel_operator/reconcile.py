@@ -257,6 +257,8 @@ class Reconcile:
         applied = dict(zip(((m["kind"], m["metadata"]["name"]) for m in desired),
                            self._appliers.map(self.kube.apply, desired)))
         workload = applied.get((_kind(serving), workload_name(serving))) if serving else None
+        if leaving is not None and workload is not None and serving.spec.autoscaling is not None:
+            workload = self._match_replicas(workload, live[_kind(leaving)])
         if leaving is not None and _ready(workload):
             desired, leaving = self._switch_over(serving, leaving), None
         if leaving is not None:
@@ -336,6 +338,21 @@ class Reconcile:
                              "metadata": {"name": manifest["metadata"]["name"],
                                           "namespace": manifest["metadata"]["namespace"]},
                              "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
+
+    def _match_replicas(self, workload: dict, old: dict) -> dict:
+        """A kind switch under autoscaling: the new workload, applied without spec.replicas, would run 1 (the
+        default) and switch over once that one is ready, dropping the N the HPA has scaled the old one to. It gets
+        the old one's live count under HANDOVER_FIELD_MANAGER (the HPA takes the field over after the switch), and
+        the switch waits for that many ready (`_ready`). Followed while the HPA still scales the old one."""
+        replicas = (old.get("spec") or {}).get("replicas", 1)
+        if (workload.get("spec") or {}).get("replicas") == replicas:
+            return workload
+        meta = workload["metadata"]
+        log.info("%s %s/%s starts at the %s's %d replicas", workload["kind"], meta["namespace"], meta["name"],
+                 old["kind"], replicas)
+        return self.kube.apply({"apiVersion": workload["apiVersion"], "kind": workload["kind"],
+                                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                                "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
 
     def _refresh(self, body: dict, target: Target, changed: Changes) -> Outcome:
         """Restore the changed children that drifted; the status when the workload, the HPA or a pod changed; the

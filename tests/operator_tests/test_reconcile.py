@@ -667,6 +667,43 @@ def test_nodes_two_to_one_serves_from_the_group_until_the_deployment_is_ready(ku
     assert "leaderworkerset.sigs.k8s.io/worker-index" not in kube.one("Service")["spec"]["selector"]
 
 
+AUTOSCALED = {**{key: value for key, value in TORCH.items() if key != "replicas"},
+              "autoscaling": {"minReplicas": 1, "maxReplicas": 8}}
+MULTI_NODE = {"parallelism": {"tensorParallelDegree": 2, "nodes": 2}}
+
+
+def workload_ready(kube: FakeKube, kind: str, replicas: int) -> None:
+    name = f"{NAME}-lws" if kind == "LeaderWorkerSet" else NAME
+    kube.statuses[kind, name] = {"observedGeneration": kube.objects[kind, NS, name]["metadata"]["generation"],
+                                 "replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
+                                 "updatedReplicas": replicas}
+
+
+@pytest.mark.parametrize("old,new", [(AUTOSCALED, {**AUTOSCALED, **MULTI_NODE}),
+                                     ({**AUTOSCALED, **MULTI_NODE}, AUTOSCALED)], ids=["one-to-two", "two-to-one"])
+def test_a_kind_switch_under_autoscaling_starts_at_the_live_count_and_switches_when_all_are_ready(kube, reconcile,
+                                                                                                old, new):
+    kube.put(body(old))
+    reconcile(NS, NAME, cleanup=True)
+    (old_kind, old_name), = [key for key in kube.children() if key[0] in WORKLOADS]
+    kube.objects[old_kind, NS, old_name]["spec"]["replicas"] = 4  # the HPA scaled it (the scale subresource)
+    workload_ready(kube, old_kind, 4)
+    set_spec(kube, new)
+    reconcile(NS, NAME, cleanup=True)
+    (new_kind, new_name), = [key for key in kube.children() if key[0] in WORKLOADS and key[0] != old_kind]
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4  # not the default 1
+    assert kube.replicas_owners[new_kind, new_name] == {api.HANDOVER_FIELD_MANAGER}  # the HPA's after the switch
+    assert kube.one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == old_kind
+    workload_ready(kube, new_kind, 1)  # one of four ready: the old one keeps serving all its traffic
+    reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
+    assert (old_kind, old_name) in kube.children()
+    workload_ready(kube, new_kind, 4)
+    reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
+    assert (old_kind, old_name) not in kube.children()
+    assert kube.one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == new_kind
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4
+
+
 def test_replicas_to_autoscaling_keeps_the_live_count_then_back(kube, reconcile):
     kube.put(body({**TORCH, "replicas": 3}))
     reconcile(NS, NAME, cleanup=True)
