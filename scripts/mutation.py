@@ -215,7 +215,7 @@ MUTATIONS = [
     Mutation(
         "reconcile: a kind switch under autoscaling starts the new workload at 1 and switches once 1 is ready",
         "reconcile.py",
-        "            workload = self._match_replicas(workload, live[_kind(leaving)])\n", "",
+        "            workload = self._match_replicas(workload, live[_kind(leaving)])\n", "            pass\n",
         RECONCILE, OPERATOR,
     ),
     Mutation(
