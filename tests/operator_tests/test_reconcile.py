@@ -12,7 +12,7 @@ from operator_tests.merge_patch import merge_patch
 from runtime_tests.helpers.fake_hf_hub import FakeHub
 
 from neuronmodel_operator import api
-from neuronmodel_operator.k8s import ApiError
+from neuronmodel_operator.k8s import ApiError, Kube
 from neuronmodel_operator.reconcile import Outcome, Reconcile
 from neuronmodel_operator.resolve import OperatorDefaults
 
@@ -507,6 +507,40 @@ def test_a_refused_child_is_reported_and_retried_not_failed_for_good(kube, recon
     assert status["phase"] == "Failed"
     assert "is invalid" in next(c for c in status["conditions"] if c["type"] == "Ready")["message"]
     assert [t for t, _, _ in kube.events] == ["Warning"]
+
+
+class NotServing:
+    """The kubernetes ApiClient as k8s.Kube uses it, for an API server that serves no API: every request is the
+    404 Status the real one answers for a resource it does not know (tests/integration/test_api_rules.py)."""
+
+    class configuration:
+        host = "https://127.0.0.1:6443"
+
+    def update_params_for_auth(self, *args) -> None:
+        pass
+
+    def call_api(self, method: str, url: str, **_) -> object:
+        data = json.dumps({"kind": "Status", "status": "Failure", "message": "the server could not find the "
+                           "requested resource", "reason": "NotFound", "code": 404}).encode()
+        return type("Response", (), {"status": 404, "reason": "Not Found", "data": data, "read": lambda self: data})()
+
+
+def test_a_404_on_apply_is_an_error_naming_the_missing_api_in_the_status_and_an_event(kube, reconcile):
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+           "metadata": {"name": f"{NAME}-lws", "namespace": NS}, "spec": {}}
+    with pytest.raises(ApiError) as missing:  # the LeaderWorkerSet CRD is not installed
+        Kube(NotServing()).apply(lws)
+    assert missing.value.status == 404 and not missing.value.retryable
+    assert "LeaderWorkerSet leaderworkerset.x-k8s.io/v1 is not served by this cluster" in missing.value.message
+    assert "install LeaderWorkerSet" in missing.value.message
+    assert Kube(NotServing()).get("LeaderWorkerSet", NS, "x") is None  # a GET's 404 is an absent object
+    kube.fail_apply["LeaderWorkerSet"] = missing.value
+    kube.put(body({**TORCH, "parallelism": {"tensorParallelDegree": 2, "nodes": 2}}))
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert outcome.child_error and "install LeaderWorkerSet" in outcome.child_error  # retried with backoff
+    ready = next(c for c in kube.model()["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and "is not served by this cluster" in ready["message"]
+    assert [(t, "install LeaderWorkerSet" in m) for t, _, m in kube.events] == [("Warning", True)]
 
 
 @pytest.mark.parametrize("code", [401, 403, 409, 429, 500, 503, 0])
