@@ -208,6 +208,11 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "served: an unreadable served record rolls the uncompiled spec (fails open)", "served.py",
+        "        raise UnreadableRecord(", "        return None\n        raise UnreadableRecord(",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
         "reconcile: a workload-kind change removes the old workload before the new one is ready", "reconcile.py",
         "if leaving is not None and _ready(workload):", "if leaving is not None:",
         RECONCILE, OPERATOR,

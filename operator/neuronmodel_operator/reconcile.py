@@ -41,7 +41,7 @@ from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_S
 from neuronmodel_operator.builders.service import endpoint
 from neuronmodel_operator.k8s import ApiError, Kube
 from neuronmodel_operator.resolve import OperatorDefaults, Resolved
-from neuronmodel_operator.served import served_target
+from neuronmodel_operator.served import UnreadableRecord, served_target
 
 log = logging.getLogger(__name__)
 
@@ -240,10 +240,15 @@ class Reconcile:
         # The live workloads of both kinds: what serves now (a model that changed kind still has the other one).
         live = self._workloads(target) if cleanup or target.resolved.compile_job else {}
         serving: Optional[Target] = target
-        held = False
+        held, frozen = False, None  # frozen: the live workload, left as it is (its served record is unreadable)
         if target.resolved.compile_job and not _succeeded(job):
             running = live.get(_kind(target)) or next(iter(live.values()), None)
-            previous = served_target(running, target, self.defaults)
+            try:
+                previous = served_target(running, target, self.defaults)
+            except UnreadableRecord as exc:
+                log.warning("%s/%s: %s: it is left as it is until the compile Job succeeds", target.namespace,
+                            target.name, exc)
+                previous, serving, held, frozen = None, None, True, running
             if previous is not None and previous.resolved.compile_key != target.resolved.compile_key:
                 serving, held = previous, True
             elif running is None:
@@ -251,12 +256,12 @@ class Reconcile:
         leaving = None  # the other kind's workload serves until the new one is ready
         if serving is not None:
             old = next((w for kind, w in live.items() if kind != _kind(serving)), None)
-            leaving = served_target(old, target, self.defaults) if old is not None else None
+            leaving = self._leaving(old, target) if old is not None else None
         desired = self._desired(serving or target, leaving, service_only=serving is None)
         self._hand_over_replicas(desired, live)
         applied = dict(zip(((m["kind"], m["metadata"]["name"]) for m in desired),
                            self._appliers.map(self.kube.apply, desired)))
-        workload = applied.get((_kind(serving), workload_name(serving))) if serving else None
+        workload = applied.get((_kind(serving), workload_name(serving))) if serving else frozen
         if leaving is not None and workload is not None and serving.spec.autoscaling is not None:
             workload = self._match_replicas(workload, live[_kind(leaving)])
         if leaving is not None and _ready(workload):
@@ -265,7 +270,7 @@ class Reconcile:
             self._switching.add(target.uid)
         else:
             self._switching.discard(target.uid)
-        if cleanup or (target.resolved.compile_job and not held):
+        if frozen is None and (cleanup or (target.resolved.compile_job and not held)):
             keep = {(m["kind"], m["metadata"]["name"]) for m in desired + compile_children}
             if job is not None:
                 keep |= {("Job", job["metadata"]["name"]), ("ConfigMap", job["metadata"]["name"])}
@@ -338,6 +343,14 @@ class Reconcile:
                              "metadata": {"name": manifest["metadata"]["name"],
                                           "namespace": manifest["metadata"]["namespace"]},
                              "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
+
+    def _leaving(self, old: dict, target: Target) -> Optional[Target]:
+        """The Target the other kind's live workload serves, None when its record cannot be read (it goes)."""
+        try:
+            return served_target(old, target, self.defaults)
+        except UnreadableRecord as exc:
+            log.warning("%s/%s: %s", target.namespace, target.name, exc)
+            return None
 
     def _match_replicas(self, workload: dict, old: dict) -> dict:
         """A kind switch under autoscaling: the new workload, applied without spec.replicas, would run 1 (the

@@ -382,6 +382,29 @@ def test_new_compile_key_keeps_serving_the_old_spec_until_compiled(kube, reconci
     assert ("ConfigMap", config_map_of(deployment)) in kube.children()  # the serving ConfigMap is never stale
 
 
+def test_an_unreadable_served_record_holds_the_rollout(kube, reconcile):
+    """A served record this operator cannot read (another release's spec field, a hand edit): the workload is left
+    as it is until the new key's Job succeeds, never rolled onto artifacts nobody compiled."""
+    job_a, deployment_a = serve_a(kube, reconcile)
+    workload_ready(kube, "Deployment", 1)
+    stored = kube.objects["Deployment", NS, NAME]
+    stored["metadata"]["annotations"][api.ANNOTATION_SERVED] = json.dumps(
+        {"spec": {**NEURON_A, "fieldOfANewerRelease": True}, "resolved": {}})
+    before = copy.deepcopy(stored)
+    set_spec(kube, spec_b(replicas=1))
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert outcome.held
+    assert kube.objects["Deployment", NS, NAME] == before  # untouched
+    assert ("Deployment", NAME) not in kube.deleted
+    status = kube.model()["status"]
+    assert status["phase"] == "Compiling"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Available"] == "True"
+    job_b = next(j for j in jobs(kube) if job_key(j) != job_key(job_a))
+    kube.statuses["Job", job_b["metadata"]["name"]] = COMPLETE
+    assert not reconcile(NS, NAME, cleanup=True).held
+    assert template_key(kube.one("Deployment")) == job_key(job_b)
+
+
 def test_a_third_key_while_held_still_serves_the_first(kube, reconcile):
     job_a, deployment_a = serve_a(kube, reconcile)
     set_spec(kube, spec_b(replicas=2))
