@@ -213,6 +213,18 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "reconcile: a compiled compile-cache model takes the full run (about 12 requests) on every child event",
+        "reconcile.py",
+        "settled = not resolved.compile_job or self._compiled_job(target) is not None", "settled = not resolved.compile_job",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a compiled model's refresh writes its status without its Job (it reads Compiling)", "reconcile.py",
+        "self._write_status(body, target.resolved, target, None, workload, self._compiled_job(target),",
+        "self._write_status(body, target.resolved, target, None, workload, None,",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
         "reconcile: a workload-kind change removes the old workload before the new one is ready", "reconcile.py",
         "if leaving is not None and _ready(workload):", "if leaving is not None:",
         RECONCILE, OPERATOR,

@@ -19,8 +19,8 @@ A serving model keeps serving while its spec changes:
 - Compile Jobs are named by their whole template: an edit is a new Job, never a 422 on an immutable template.
 
 Two entry points, to keep the requests per event low (bench/operator.py counts them): a full run (`changed` is
-None: the NeuronModel was created, changed or resumed, or a child of a model with a compile Job or a pending kind
-change changed) applies every child; a refresh (`changed` holds the children whose events arrived) re-applies only
+None: the NeuronModel was created, changed or resumed; or a child changed of a model whose compile Job has not
+succeeded, whose rollout is held, or whose kind change is pending) applies every child; a refresh (`changed` holds the children whose events arrived) re-applies only
 a child that was deleted or no longer holds what we set, and recomputes the status only when the workload, the
 HPA or a pod changed. The last status written per object is remembered, so a reconcile never needs the
 NeuronModel's freshest copy to know what it already reported.
@@ -166,6 +166,7 @@ class Reconcile:
         self._reported: dict[str, dict] = {}  # uid -> the last status written (only this operator writes it)
         self._switching: set[str] = set()  # uids whose old-kind workload serves until the new one is ready
         self._hpas: dict[str, dict] = {}  # uid -> the HPA as last applied or seen (status reads its conditions)
+        self._settled: dict[str, dict] = {}  # uid -> the succeeded compile Job of the key its workload serves
 
     def __call__(self, namespace: str, name: str, cleanup: bool, body: Optional[dict] = None,
                  changed: Optional[Changes] = None) -> Outcome:
@@ -186,7 +187,10 @@ class Reconcile:
         resolved = target.resolved
         switching = target.uid in self._switching
         try:
-            if changed is not None and not resolved.compile_job and not switching:
+            # A compile-cache model needs the full run only while its Job runs, its rollout is held or its kind
+            # changes; once its workload serves its compiled key, a child event costs what any model's does.
+            settled = not resolved.compile_job or self._compiled_job(target) is not None
+            if changed is not None and settled and not switching:
                 return self._refresh(body, target, changed)
             return self._apply(body, target, cleanup or switching)
         except api.SpecError as exc:  # found only once the children are built: two sources at one path, say
@@ -270,6 +274,10 @@ class Reconcile:
             self._switching.add(target.uid)
         else:
             self._switching.discard(target.uid)
+        if target.resolved.compile_job and _succeeded(job) and leaving is None:
+            self._settled[target.uid] = job
+        else:
+            self._settled.pop(target.uid, None)
         if frozen is None and (cleanup or (target.resolved.compile_job and not held)):
             keep = {(m["kind"], m["metadata"]["name"]) for m in desired + compile_children}
             if job is not None:
@@ -390,9 +398,15 @@ class Reconcile:
                 workload = self.kube.get(workload_key[0], target.namespace, workload_key[1])
             if _awaiting_controller(workload):
                 return Outcome()
-            self._write_status(body, target.resolved, target, None, workload, None,
+            self._write_status(body, target.resolved, target, None, workload, self._compiled_job(target),
                                self._pods(target, workload), held=False)
         return Outcome()
+
+    def _compiled_job(self, target: Target) -> Optional[dict]:
+        """The succeeded compile Job of the target's key that its workload serves (as the last full run saw it)."""
+        job = self._settled.get(target.uid)
+        keys = ((job or {}).get("metadata") or {}).get("annotations") or {}
+        return job if keys.get(api.ANNOTATION_COMPILE_KEY) == target.resolved.compile_key else None
 
     def _pods(self, target: Target, workload: Optional[dict]) -> list:
         """The serving pods (status reads their scheduling and readiness); none to list for an empty workload."""
@@ -408,6 +422,7 @@ class Reconcile:
         self._reported.pop(uid, None)
         self._switching.discard(uid)
         self._hpas.pop(uid, None)
+        self._settled.pop(uid, None)
 
     def report_access_denied(self, body: dict, message: str) -> None:
         """Put a persisting 401/403 where users look: status.warnings (the next successful reconcile's status

@@ -50,6 +50,7 @@ class FakeKube:
         self.fail_apply: dict[str, ApiError] = {}  # kind -> the error apply raises
         self.lagging: set[tuple[str, str]] = set()  # (kind, name) whose controller has not observed the spec yet
         self.replicas_owners: dict[tuple[str, str], set[str]] = {}  # (kind, name) -> managers of spec.replicas
+        self.requests: list[tuple[str, str]] = []  # (verb, kind) of every request, in order
 
     # --- test helpers
     def put(self, obj: dict) -> None:
@@ -91,6 +92,7 @@ class FakeKube:
     # --- k8s.Kube
     def apply(self, manifest: dict, field_manager: str = api.FIELD_MANAGER) -> dict:
         kind, meta = manifest["kind"], manifest["metadata"]
+        self.requests.append(("apply", kind))
         if kind in self.fail_apply:
             raise self.fail_apply[kind]
         assert "status" not in manifest, "the operator never applies a child's status"
@@ -125,10 +127,12 @@ class FakeKube:
         return self._with_status(kind, stored)
 
     def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
+        self.requests.append(("get", kind))
         obj = self.objects.get((kind, namespace, name))
         return None if obj is None else self._with_status(kind, obj)
 
     def list(self, kind: str, namespace: str, selector: str) -> list[dict]:
+        self.requests.append(("list", kind))
         wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
         found = []
         for (k, ns, _), obj in self.objects.items():
@@ -138,10 +142,12 @@ class FakeKube:
         return found
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
+        self.requests.append(("delete", kind))
         self.deleted.append((kind, name))
         self.objects.pop((kind, namespace, name), None)
 
     def patch_status(self, namespace: str, name: str, status: dict) -> Optional[dict]:
+        self.requests.append(("patch", "status"))
         self.status_patches.append(copy.deepcopy(status))
         body = self.objects.get((api.KIND, namespace, name))
         if body is None:
@@ -151,6 +157,7 @@ class FakeKube:
 
     def event(self, owner: dict, type_: str, reason: str, message: str) -> None:
         assert owner["metadata"]["uid"] == UID
+        self.requests.append(("create", "Event"))
         self.events.append((type_, reason, message))
 
 
@@ -403,6 +410,39 @@ def test_an_unreadable_served_record_holds_the_rollout(kube, reconcile):
     kube.statuses["Job", job_b["metadata"]["name"]] = COMPLETE
     assert not reconcile(NS, NAME, cleanup=True).held
     assert template_key(kube.one("Deployment")) == job_key(job_b)
+
+
+def serving_pod(kube: FakeKube, ready: bool) -> tuple[tuple[str, str], dict]:
+    """A pod of the Deployment, as its watch event shows it: (its key, the pod)."""
+    labels = kube.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    pod = {"kind": "Pod", "metadata": {"name": f"{NAME}-abc", "namespace": NS, "labels": labels},
+           "status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"},
+                                                         {"type": "Ready", "status": str(ready)}]}}
+    kube.put(pod)
+    return ("Pod", pod["metadata"]["name"]), pod
+
+
+def test_a_compiled_model_costs_two_reads_per_pod_event_and_the_full_run_only_while_compiling(kube, reconcile):
+    kube.put(body(NEURON_A))
+    reconcile(NS, NAME, cleanup=True)
+    (job,) = jobs(kube)
+    kube.statuses["Job", job["metadata"]["name"]] = RUNNING
+    kube.requests.clear()
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={("Job", job["metadata"]["name"]): job})
+    assert ("list", "Job") in kube.requests  # compiling: every event takes the full run (is the Job done?)
+    kube.statuses["Job", job["metadata"]["name"]] = COMPLETE
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={("Job", job["metadata"]["name"]): job})
+    assert "Deployment" in kube.kinds()
+    workload_ready(kube, "Deployment", 1)
+    key, pod = serving_pod(kube, ready=True)
+    kube.requests.clear()
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={key: pod})
+    # compiled and serving its key: the refresh reads the workload and its pods, and writes the status (Ready)
+    assert kube.requests == [("get", "Deployment"), ("list", "Pod"), ("patch", "status"), ("create", "Event")]
+    assert kube.model()["status"]["phase"] == "Ready"
+    kube.requests.clear()
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={key: pod})
+    assert kube.requests == [("get", "Deployment"), ("list", "Pod")]  # nothing changed: nothing written
 
 
 def test_a_third_key_while_held_still_serves_the_first(kube, reconcile):
