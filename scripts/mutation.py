@@ -225,6 +225,22 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "reconcile: a multi-node status lists the leaders only (a worker's ImagePullBackOff is never shown)",
+        "reconcile.py",
+        '",".join(f"{k}={v}" for k, v in selector(target).items())', "selector_string(target)",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "placement: a group refused because every node group is taken gets no advice", "placement.py",
+        "if any(reason in refusal for reason in ANTI_AFFINITY):", "if False:",
+        STATUS, OPERATOR,
+    ),
+    Mutation(
+        "placement: an exclusive-topology key on no node is not named", "placement.py",
+        "if leader and (found := AFFINITY.search(refusal)):", "if False and (found := AFFINITY.search(refusal)):",
+        STATUS, OPERATOR,
+    ),
+    Mutation(
         "reconcile: a workload-kind change removes the old workload before the new one is ready", "reconcile.py",
         "if leaving is not None and _ready(workload):", "if leaving is not None:",
         RECONCILE, OPERATOR,

@@ -37,7 +37,7 @@ from typing import Iterable, Optional
 
 from neuronmodel_operator import api, builders, revisions, status
 from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, LWS_SUFFIX, Target,
-                                                  selector_string, target_from_body, workload_name)
+                                                  selector, selector_string, target_from_body, workload_name)
 from neuronmodel_operator.builders.service import endpoint
 from neuronmodel_operator.k8s import ApiError, Kube
 from neuronmodel_operator.resolve import OperatorDefaults, Resolved
@@ -409,13 +409,14 @@ class Reconcile:
         return job if keys.get(api.ANNOTATION_COMPILE_KEY) == target.resolved.compile_key else None
 
     def _pods(self, target: Target, workload: Optional[dict]) -> list:
-        """The serving pods (status reads their scheduling and readiness); none to list for an empty workload."""
+        """The serving pods, every pod of a multi-node group (status reads what blocks any of them, readiness from
+        the leaders); none to list for an empty workload."""
         if workload is None:
             return []
         desired = (workload.get("spec") or {}).get("replicas", 1)
         if desired == 0 and not (workload.get("status") or {}).get("replicas"):
             return []
-        return self.kube.list("Pod", target.namespace, selector_string(target))
+        return self.kube.list("Pod", target.namespace, ",".join(f"{k}={v}" for k, v in selector(target).items()))
 
     def forget(self, uid: str) -> None:
         """The NeuronModel is gone: drop what was remembered of it."""

@@ -801,6 +801,25 @@ def test_a_kind_switch_under_autoscaling_starts_at_the_live_count_and_switches_w
     assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4
 
 
+def test_a_multi_node_status_reads_the_blockers_of_the_workers_too(kube, reconcile):
+    kube.put(body({**TORCH, **MULTI_NODE}))
+    reconcile(NS, NAME, cleanup=True)
+    labels = kube.one("LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"]
+    for index, waiting in (("0", None), ("1", {"reason": "ImagePullBackOff", "message": "Back-off pulling image"})):
+        state = {"phase": "Running" if waiting is None else "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}
+        if waiting:
+            state["containerStatuses"] = [{"name": "runtime", "state": {"waiting": waiting}}]
+        kube.put({"kind": "Pod", "metadata": {"name": f"{NAME}-lws-0" + ("-1" if index == "1" else ""),
+                                              "namespace": NS, "labels": {
+                                                  **labels, "leaderworkerset.sigs.k8s.io/worker-index": index}},
+                  "status": state})
+    kube.statuses["LeaderWorkerSet", f"{NAME}-lws"] = {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}
+    reconcile(NS, NAME, cleanup=False, changed={("Pod", f"{NAME}-lws-0-1"): kube.get("Pod", NS, f"{NAME}-lws-0-1")})
+    ready = next(c for c in kube.model()["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "Loading" and "container runtime: ImagePullBackOff" in ready["message"]
+
+
 def test_replicas_to_autoscaling_keeps_the_live_count_then_back(kube, reconcile):
     kube.put(body({**TORCH, "replicas": 3}))
     reconcile(NS, NAME, cleanup=True)
