@@ -241,6 +241,16 @@ MUTATIONS = [
         STATUS, OPERATOR,
     ),
     Mutation(
+        "handlers: retries run while kopf's peering has paused this replica", "handlers.py",
+        "if await asyncio.get_running_loop().run_in_executor(self.executor, self.paused):", "if False:",
+        HANDLERS, OPERATOR,
+    ),
+    Mutation(
+        "peering: a peer of the same priority does not pause (kopf pauses both)", "peering.py",
+        'int(info.get("priority", 0)) >= priority', 'int(info.get("priority", 0)) > priority',
+        HANDLERS, OPERATOR,
+    ),
+    Mutation(
         "reconcile: a workload-kind change removes the old workload before the new one is ready", "reconcile.py",
         "if leaving is not None and _ready(workload):", "if leaving is not None:",
         RECONCILE, OPERATOR,

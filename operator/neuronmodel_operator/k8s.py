@@ -166,6 +166,11 @@ class Kube:
         """A CustomResourceDefinition (cluster-scoped: not one of KINDS); None when it is not installed."""
         return self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
 
+    def get_peering(self, name: str, namespace: Optional[str]) -> Optional[dict]:
+        """kopf's peering object: the KopfPeering in `namespace`, the ClusterKopfPeering for None."""
+        where = f"namespaces/{namespace}/kopfpeerings" if namespace else "clusterkopfpeerings"
+        return self._call("GET", f"/apis/kopf.dev/v1/{where}/{name}")
+
     def list(self, kind: str, namespace: str, selector: str) -> list[dict]:
         found = self._call("GET", self._path(kind, namespace), {"labelSelector": selector})
         return found["items"] if found else []
