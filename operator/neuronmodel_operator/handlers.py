@@ -8,8 +8,8 @@
   change (bench/operator.py measured them), for state the generation already gives.
 - Failures are retried in the background with exponential backoff and jitter, capped (`backoff_s`): an API error
   that heals by itself, or a child the API server refused. A retry waits while kopf's peering has paused this
-  replica (peering.py: kopf's pause stops its watches, not these timers). A spec the operator cannot serve is not retried (the
-  Failed condition and an Event are written) until its generation changes. A 401/403 that persists for
+  replica (peering.py: kopf's pause stops its watches, not these timers). A spec the operator cannot serve is not
+  retried (the Failed condition and an Event are written) until its generation changes. A 401/403 that persists for
   ACCESS_DENIED_REPORT_AFTER attempts is put in status.warnings and a Warning Event: RBAC drift is visible.
   The 403 of a namespace being deleted is neither retried nor reported: the model is deleted with its namespace.
 - Any event of a child (Deployment, LeaderWorkerSet, Job, Service, ConfigMap, PDB, HPA, ResourceClaimTemplate,

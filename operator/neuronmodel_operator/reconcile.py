@@ -20,10 +20,10 @@ A serving model keeps serving while its spec changes:
 
 Two entry points, to keep the requests per event low (bench/operator.py counts them): a full run (`changed` is
 None: the NeuronModel was created, changed or resumed; or a child changed of a model whose compile Job has not
-succeeded, whose rollout is held, or whose kind change is pending) applies every child; a refresh (`changed` holds the children whose events arrived) re-applies only
-a child that was deleted or no longer holds what we set, and recomputes the status only when the workload, the
-HPA or a pod changed. The last status written per object is remembered, so a reconcile never needs the
-NeuronModel's freshest copy to know what it already reported.
+succeeded, whose rollout is held, or whose kind change is pending) applies every child; a refresh (`changed`
+holds the children whose events arrived) re-applies only a child that was deleted or no longer holds what we set,
+and recomputes the status only when the workload, the HPA or a pod changed. The last status written per object is
+remembered, so a reconcile never needs the NeuronModel's freshest copy to know what it already reported.
 """
 
 from __future__ import annotations
