@@ -258,7 +258,7 @@ MUTATIONS = [
     Mutation(
         "reconcile: a kind switch under autoscaling starts the new workload at 1 and switches once 1 is ready",
         "reconcile.py",
-        "            workload = self._match_replicas(workload, live[_kind(leaving)])\n", "            pass\n",
+        "            self._match_replicas(desired, live, live[_kind(leaving)])\n", "            pass\n",
         RECONCILE, OPERATOR,
     ),
     Mutation(

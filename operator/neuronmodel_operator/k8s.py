@@ -123,7 +123,12 @@ class Kube:
             raise ApiError(0, str(exc)) from None
         if response.status == 404 and absent_ok:
             return None
-        data = json.loads(response.data) if response.data else {}
+        try:
+            data = json.loads(response.data) if response.data else {}
+        except ValueError:  # "404 page not found": the path of an API group the server does not serve at all
+            data = response.data.decode(errors="replace").strip()
+            if response.status < 300:
+                raise ApiError(response.status, f"an answer that is not JSON: {data[:200]}") from None
         if response.status >= 300:
             if not isinstance(data, dict):
                 raise ApiError(response.status, str(data))

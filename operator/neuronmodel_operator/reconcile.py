@@ -263,11 +263,11 @@ class Reconcile:
             leaving = self._leaving(old, target) if old is not None else None
         desired = self._desired(serving or target, leaving, service_only=serving is None)
         self._hand_over_replicas(desired, live)
+        if leaving is not None and serving.spec.autoscaling is not None:
+            self._match_replicas(desired, live, live[_kind(leaving)])
         applied = dict(zip(((m["kind"], m["metadata"]["name"]) for m in desired),
                            self._appliers.map(self.kube.apply, desired)))
         workload = applied.get((_kind(serving), workload_name(serving))) if serving else frozen
-        if leaving is not None and workload is not None and serving.spec.autoscaling is not None:
-            workload = self._match_replicas(workload, live[_kind(leaving)])
         if leaving is not None and _ready(workload):
             desired, leaving = self._switch_over(serving, leaving), None
         if leaving is not None:
@@ -360,20 +360,28 @@ class Reconcile:
             log.warning("%s/%s: %s", target.namespace, target.name, exc)
             return None
 
-    def _match_replicas(self, workload: dict, old: dict) -> dict:
+    def _match_replicas(self, desired: list[dict], live: dict[str, dict], old: dict) -> None:
         """A kind switch under autoscaling: the new workload, applied without spec.replicas, would run 1 (the
-        default) and switch over once that one is ready, dropping the N the HPA has scaled the old one to. It gets
-        the old one's live count under HANDOVER_FIELD_MANAGER (the HPA takes the field over after the switch), and
-        the switch waits for that many ready (`_ready`). Followed while the HPA still scales the old one."""
+        default) and switch over once that one is ready, dropping the N the HPA has scaled the old one to. It is
+        created at the old one's live count instead (the next run hands the field to HANDOVER_FIELD_MANAGER, as
+        `_hand_over_replicas` does, and the HPA takes it over after the switch), follows that count while the HPA
+        still scales the old one, and the switch waits for that many ready (`_ready`)."""
         replicas = (old.get("spec") or {}).get("replicas", 1)
-        if (workload.get("spec") or {}).get("replicas") == replicas:
-            return workload
-        meta = workload["metadata"]
-        log.info("%s %s/%s starts at the %s's %d replicas", workload["kind"], meta["namespace"], meta["name"],
-                 old["kind"], replicas)
-        return self.kube.apply({"apiVersion": workload["apiVersion"], "kind": workload["kind"],
-                                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                                "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
+        for manifest in desired:
+            if manifest["kind"] not in WORKLOAD_KINDS or manifest["kind"] == old["kind"]:
+                continue
+            current = live.get(manifest["kind"])
+            meta = manifest["metadata"]
+            if current is None:
+                manifest["spec"]["replicas"] = replicas
+            elif (current.get("spec") or {}).get("replicas") != replicas:
+                self.kube.apply({"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
+                                 "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                                 "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
+            else:
+                continue
+            log.info("%s %s/%s follows the %s's %d replicas", manifest["kind"], meta["namespace"], meta["name"],
+                     old["kind"], replicas)
 
     def _refresh(self, body: dict, target: Target, changed: Changes) -> Outcome:
         """Restore the changed children that drifted; the status when the workload, the HPA or a pod changed; the

@@ -91,5 +91,5 @@ def test_an_apply_whose_api_is_not_served_is_an_error_naming_it(kube, namespace,
         kube.apply(lws)
     assert missing.value.status == 404 and not missing.value.retryable
     assert "is not served by this cluster" in missing.value.message
-    assert "install LeaderWorkerSet" in missing.value.message
+    assert "install LeaderWorkerSet" in missing.value.message and "404 page not found" in missing.value.message
     assert kube.get("LeaderWorkerSet", namespace, "g") is None

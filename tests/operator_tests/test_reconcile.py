@@ -573,8 +573,9 @@ def test_a_refused_child_is_reported_and_retried_not_failed_for_good(kube, recon
 
 
 class NotServing:
-    """The kubernetes ApiClient as k8s.Kube uses it, for an API server that serves no API: every request is the
-    404 Status the real one answers for a resource it does not know (tests/integration/test_api_rules.py)."""
+    """The kubernetes ApiClient as k8s.Kube uses it, for an API server that serves no API: every request gets the
+    answer the real one gives for an API group it does not serve, a plain-text 404 (tests/integration/
+    test_api_rules.py)."""
 
     class configuration:
         host = "https://127.0.0.1:6443"
@@ -583,8 +584,7 @@ class NotServing:
         pass
 
     def call_api(self, method: str, url: str, **_) -> object:
-        data = json.dumps({"kind": "Status", "status": "Failure", "message": "the server could not find the "
-                           "requested resource", "reason": "NotFound", "code": 404}).encode()
+        data = b"404 page not found\n"
         return type("Response", (), {"status": 404, "reason": "Not Found", "data": data, "read": lambda self: data})()
 
 
@@ -595,7 +595,7 @@ def test_a_404_on_apply_is_an_error_naming_the_missing_api_in_the_status_and_an_
         Kube(NotServing()).apply(lws)
     assert missing.value.status == 404 and not missing.value.retryable
     assert "LeaderWorkerSet leaderworkerset.x-k8s.io/v1 is not served by this cluster" in missing.value.message
-    assert "install LeaderWorkerSet" in missing.value.message
+    assert "install LeaderWorkerSet" in missing.value.message and "404 page not found" in missing.value.message
     assert Kube(NotServing()).get("LeaderWorkerSet", NS, "x") is None  # a GET's 404 is an absent object
     kube.fail_apply["LeaderWorkerSet"] = missing.value
     kube.put(body({**TORCH, "parallelism": {"tensorParallelDegree": 2, "nodes": 2}}))
@@ -788,12 +788,21 @@ def test_a_kind_switch_under_autoscaling_starts_at_the_live_count_and_switches_w
     set_spec(kube, new)
     reconcile(NS, NAME, cleanup=True)
     (new_kind, new_name), = [key for key in kube.children() if key[0] in WORKLOADS and key[0] != old_kind]
-    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4  # not the default 1
-    assert kube.replicas_owners[new_kind, new_name] == {api.HANDOVER_FIELD_MANAGER}  # the HPA's after the switch
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4  # created at 4, not the default 1
     assert kube.one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == old_kind
     workload_ready(kube, new_kind, 1)  # one of four ready: the old one keeps serving all its traffic
     reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
     assert (old_kind, old_name) in kube.children()
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4
+    assert kube.replicas_owners[new_kind, new_name] == {api.HANDOVER_FIELD_MANAGER}  # the HPA's after the switch
+    kube.objects[old_kind, NS, old_name]["spec"]["replicas"] = 5  # the HPA scales the old one meanwhile
+    workload_ready(kube, old_kind, 5)
+    reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 5
+    kube.objects[old_kind, NS, old_name]["spec"]["replicas"] = 4
+    workload_ready(kube, old_kind, 4)
+    reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4
     workload_ready(kube, new_kind, 4)
     reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
     assert (old_kind, old_name) not in kube.children()
