@@ -231,12 +231,12 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
-        "placement: a group refused because every node group is taken gets no advice", "placement.py",
+        "scheduler hints: a group refused because every node group is taken gets no advice", "scheduler_hints.py",
         "if any(reason in refusal for reason in ANTI_AFFINITY):", "if False:",
         STATUS, OPERATOR,
     ),
     Mutation(
-        "placement: an exclusive-topology key on no node is not named", "placement.py",
+        "scheduler hints: an exclusive-topology key on no node is not named", "scheduler_hints.py",
         "if leader and (found := AFFINITY.search(refusal)):", "if False and (found := AFFINITY.search(refusal)):",
         STATUS, OPERATOR,
     ),

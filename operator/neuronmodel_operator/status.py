@@ -33,7 +33,7 @@ Phase, first match wins (its reason and message are the Ready condition's):
                              quota say, is the message).
   Pending    Unschedulable   no live pod is scheduled and some have PodScheduled=False: the scheduler's message
                              ("0/5 nodes are available: 5 Insufficient aws.amazon.com/neuroncore") is the message,
-                             and for a multi-node group refused by its exclusive topology what to do (placement.py:
+                             and for a multi-node group refused by its exclusive topology what to do (scheduler_hints.py:
                              free a node group for a surge group, or the key is on no node).
   Pending    Scheduling      no live pod is scheduled yet, none refused.
   Failed     NeuronDeviceAccessDenied  as ContainersFailing, and a container's termination message carries
@@ -49,7 +49,7 @@ Phase, first match wins (its reason and message are the Ready condition's):
   Degraded   Degraded        0 < readyReplicas < desired.
   Loading    RollingOut      enough replicas are ready but the rollout is not complete (new pods loading).
   Ready      Ready           readyReplicas >= desired > 0 and the rollout is complete.
-Loading and Degraded messages add what blocks the other pods (unschedulable, with placement.py's advice, or a
+Loading and Degraded messages add what blocks the other pods (unschedulable, with scheduler_hints.py's advice, or a
 container waiting reason such as CrashLoopBackOff). Live pods: not being deleted, not Succeeded/Failed. The pods of a
 LeaderWorkerSet are every pod of its groups, workers too (a worker's ImagePullBackOff blocks its group); timings read
 readiness from the leaders only.
@@ -92,7 +92,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping, Optional, Sequence, Union
 
-from neuronmodel_operator import placement
+from neuronmodel_operator import scheduler_hints
 from neuronmodel_operator.api import CONDITION_TYPES
 from neuronmodel_operator.resolve import Resolved
 from neuronmodel_runtime.config.keys import ARTIFACTS_MISSING
@@ -249,7 +249,7 @@ def _unschedulable(pods: Sequence[Mapping]) -> Optional[str]:
     refused = [c for pod in pods if (c := _condition(pod, "PodScheduled", value="False"))]
     if not refused:
         return None
-    advice = placement.hint(pods)
+    advice = scheduler_hints.hint(pods)
     return f"{len(refused)} serving pod(s) cannot be scheduled: {refused[0].get('message') or refused[0]['reason']}" \
         + (f"; {advice}" if advice else "")
 
@@ -395,7 +395,7 @@ def _load_seconds(pods: Sequence[Mapping]) -> Optional[float]:
     """The slowest load of a ready pod that serves (a group's leader: its workers are ready before it loads)."""
     loads = [_seconds((pod.get("status") or {}).get("startTime"), ready.get("lastTransitionTime"))
              for pod in pods if (ready := _condition(pod, "Ready")) and
-             ((pod.get("metadata") or {}).get("labels") or {}).get(placement.WORKER_INDEX_LABEL, "0") == "0"]
+             ((pod.get("metadata") or {}).get("labels") or {}).get(scheduler_hints.WORKER_INDEX_LABEL, "0") == "0"]
     return max((load for load in loads if load is not None), default=None)
 
 
