@@ -188,7 +188,14 @@ MUTATIONS = [
     ),
     Mutation(
         "reconcile: an edit outside the compile key compiles again", "reconcile.py",
-        "        job = self._compiled(target)\n", "        job = None\n",
+        "        if job is not None:\n            compile_children = []\n", "        job = None\n",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a template-only edit (a toleration) replaces the running compile Job of the same key",
+        "reconcile.py",
+        "next((job for job in of_key if job[\"metadata\"][\"name\"] != current and self._compiling(job)), None)",
+        "None",
         RECONCILE, OPERATOR,
     ),
     Mutation(
@@ -204,8 +211,57 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "served: an unreadable served record rolls the uncompiled spec (fails open)", "served.py",
+        "        raise UnreadableRecord(", "        return None\n        raise UnreadableRecord(",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a compiled compile-cache model takes the full run (about 12 requests) on every child event",
+        "reconcile.py",
+        "settled = not resolved.compile_job or self._compiled_job(target) is not None", "settled = not resolved.compile_job",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a compiled model's refresh writes its status without its Job (it reads Compiling)", "reconcile.py",
+        "self._write_status(body, target.resolved, target, None, workload, self._compiled_job(target),",
+        "self._write_status(body, target.resolved, target, None, workload, None,",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a multi-node status lists the leaders only (a worker's ImagePullBackOff is never shown)",
+        "reconcile.py",
+        '",".join(f"{k}={v}" for k, v in selector(target).items())', "selector_string(target)",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "scheduler hints: a group refused because every node group is taken gets no advice", "scheduler_hints.py",
+        "if any(reason in refusal for reason in ANTI_AFFINITY):", "if False:",
+        STATUS, OPERATOR,
+    ),
+    Mutation(
+        "scheduler hints: an exclusive-topology key on no node is not named", "scheduler_hints.py",
+        "if leader and (found := AFFINITY.search(refusal)):", "if False and (found := AFFINITY.search(refusal)):",
+        STATUS, OPERATOR,
+    ),
+    Mutation(
+        "handlers: retries run while kopf's peering has paused this replica", "handlers.py",
+        "if await asyncio.get_running_loop().run_in_executor(self.executor, self.paused):", "if False:",
+        HANDLERS, OPERATOR,
+    ),
+    Mutation(
+        "peering: a peer of the same priority does not pause (kopf pauses both)", "peering.py",
+        'int(info.get("priority", 0)) >= priority', 'int(info.get("priority", 0)) > priority',
+        HANDLERS, OPERATOR,
+    ),
+    Mutation(
         "reconcile: a workload-kind change removes the old workload before the new one is ready", "reconcile.py",
         "if leaving is not None and _ready(workload):", "if leaving is not None:",
+        RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a kind switch under autoscaling starts the new workload at 1 and switches once 1 is ready",
+        "reconcile.py",
+        "            self._match_replicas(desired, live, live[_kind(leaving)])\n", "            pass\n",
         RECONCILE, OPERATOR,
     ),
     Mutation(

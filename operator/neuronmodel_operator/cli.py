@@ -11,7 +11,9 @@ import logging
 import os
 import random
 import re
+import socket
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Optional, Sequence
@@ -20,6 +22,7 @@ import kopf
 
 from neuronmodel_operator import api, crd_check, devices, handlers, images
 from neuronmodel_operator.k8s import Kube, connect
+from neuronmodel_operator.peering import Peering
 from neuronmodel_operator.reconcile import Reconcile
 from neuronmodel_operator.resolve import DEFAULT_GROUP_TOPOLOGY_KEY, OperatorDefaults
 
@@ -138,12 +141,14 @@ def peering_priority(args: argparse.Namespace) -> int:
     return args.priority
 
 
-def memo(args: argparse.Namespace) -> SimpleNamespace:
+def memo(args: argparse.Namespace, identity: str, priority: int) -> SimpleNamespace:
     """What every handler receives as `memo`: the reconciler and its thread pool."""
     kube = Kube(connect(args.kubeconfig, pool_size=args.workers * 2))
     defaults = operator_defaults(args)
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
     reconciler = handlers.Reconciler(Reconcile(kube, defaults), executor)
+    if args.peering:
+        reconciler.paused = Peering(kube, args.peering, tuple(args.namespaces), identity, priority)
     if args.metrics_port:
         reconciler.metrics.serve(args.metrics_port)
     return SimpleNamespace(reconciler=reconciler)
@@ -162,9 +167,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     handlers.configure(settings, client_timeout_s=args.watch_timeout_s)
     try:
         crd_check.check(Kube(connect(args.kubeconfig)))  # an old CRD would prune the fields it lacks, silently
+        # kopf's own id and priority, given here so that the retries can tell when kopf has paused this replica
+        identity, priority = os.environ.get("POD_ID") or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}", \
+            peering_priority(args)
         asyncio.run(kopf.operator(
-            registry=handlers.registry, settings=settings, memo=memo(args),
-            standalone=not args.peering, peering_name=args.peering or None, priority=peering_priority(args),
+            registry=handlers.registry, settings=settings, memo=memo(args, identity, priority), identity=identity,
+            standalone=not args.peering, peering_name=args.peering or None, priority=priority,
             clusterwide=not args.namespaces, namespaces=args.namespaces,
             liveness_endpoint=args.liveness or None))
     except KeyboardInterrupt:

@@ -7,8 +7,9 @@
   last-handled spec by patching the NeuronModel after every run, one more write and one more watch event per
   change (bench/operator.py measured them), for state the generation already gives.
 - Failures are retried in the background with exponential backoff and jitter, capped (`backoff_s`): an API error
-  that heals by itself, or a child the API server refused. A spec the operator cannot serve is not retried (the
-  Failed condition and an Event are written) until its generation changes. A 401/403 that persists for
+  that heals by itself, or a child the API server refused. A retry waits while kopf's peering has paused this
+  replica (peering.py: kopf's pause stops its watches, not these timers). A spec the operator cannot serve is not
+  retried (the Failed condition and an Event are written) until its generation changes. A 401/403 that persists for
   ACCESS_DENIED_REPORT_AFTER attempts is put in status.warnings and a Warning Event: RBAC drift is visible (an
   admission policy's 403, on the NeuronModel's own status say, is named as such: no RBAC change fixes it).
   The 403 of a namespace being deleted is neither retried nor reported: the model is deleted with its namespace.
@@ -33,7 +34,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Coroutine, Optional
+from typing import Any, Callable, Coroutine, Optional
 
 import kopf
 
@@ -86,6 +87,7 @@ class Reconciler:
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed runs (the backoff's attempt)
     denied: dict[Key, int] = field(default_factory=dict)  # consecutive 401/403 answers
     tasks: set[asyncio.Task] = field(default_factory=set)  # runs in flight (the loop keeps only weak references)
+    paused: Callable[[], bool] = lambda: False  # kopf's peering has paused this replica (peering.py; blocking)
     metrics: OperatorMetrics = field(init=False)  # served by the CLI on --metrics-port
 
     def __post_init__(self) -> None:
@@ -169,7 +171,17 @@ class Reconciler:
         self._start(self._background(key, full=True, cleanup=cleanup, body=copy.deepcopy(body)))
 
     def retry(self, key: Key) -> None:
-        self._start(self._background(key, full=True, cleanup=True))
+        self._start(self._retry(key))
+
+    async def _retry(self, key: Key) -> None:
+        """A retry, unless kopf's peering has paused this replica (its pause stops kopf's watches, not our
+        timers): then it waits another backoff, and runs once the replica is active again."""
+        if await asyncio.get_running_loop().run_in_executor(self.executor, self.paused):
+            delay = self.retry_delay_s(key)
+            log.info("%s/%s: this replica is paused by kopf's peering; the retry waits %.0f s", *key, delay)
+            asyncio.get_running_loop().call_later(delay, self.retry, key)
+            return
+        await self._background(key, full=True, cleanup=True)
 
     def _start(self, run: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(run)

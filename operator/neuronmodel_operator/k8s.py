@@ -44,6 +44,14 @@ KINDS = {
 }
 
 
+#: What to do when the API server does not serve a kind's API (404 on apply): the CRD or the Kubernetes version.
+MISSING_API_FIX = {
+    "LeaderWorkerSet": "install LeaderWorkerSet (its CRD and controller, kubernetes-sigs/lws; docs/eks.md) for "
+                       "models with spec.parallelism.nodes > 1",
+    "ResourceClaimTemplate": "DRA's resource.k8s.io/v1 needs Kubernetes 1.34 or later; or set "
+                             "spec.deviceAllocation devicePlugin",
+}
+
 #: details.causes[].type of the API server's refusal to create in a namespace being deleted (core/v1).
 NAMESPACE_TERMINATING_CAUSE = "NamespaceTerminating"
 
@@ -102,8 +110,9 @@ class Kube:
         self._timeout_s = timeout_s
 
     def _call(self, method: str, path: str, query: Optional[dict] = None, body: Any = None,
-              content_type: str = "application/json") -> Optional[dict]:
-        """One request; the decoded JSON body, None for 404, ApiError for anything else that failed."""
+              content_type: str = "application/json", absent_ok: bool = True) -> Optional[dict]:
+        """One request; the decoded JSON body, None for 404 (`absent_ok`), ApiError for anything else that
+        failed."""
         url = self._client.configuration.host + path
         if query:
             url += "?" + "&".join(f"{key}={quote(str(value), safe='')}" for key, value in query.items())
@@ -118,9 +127,14 @@ class Kube:
             raise ApiError(exc.status or 0, str(exc.reason)) from None
         except OSError as exc:
             raise ApiError(0, str(exc)) from None
-        if response.status == 404:
+        if response.status == 404 and absent_ok:
             return None
-        data = json.loads(response.data) if response.data else {}
+        try:
+            data = json.loads(response.data) if response.data else {}
+        except ValueError:  # "404 page not found": the path of an API group the server does not serve at all
+            data = response.data.decode(errors="replace").strip()
+            if response.status < 300:
+                raise ApiError(response.status, f"an answer that is not JSON: {data[:200]}") from None
         if response.status >= 300:
             if not isinstance(data, dict):
                 raise ApiError(response.status, str(data))
@@ -142,10 +156,19 @@ class Kube:
     def apply(self, manifest: dict, field_manager: Optional[str] = None) -> dict:
         """Server-side apply `manifest` (force: our fields are ours) as `field_manager` (default the operator's);
         the object as stored, with its status."""
-        meta = manifest["metadata"]
-        path = self._path(manifest["kind"], meta["namespace"], meta["name"])
-        return self._call("PATCH", path, {"fieldManager": field_manager or self._field_manager, "force": "true"},
-                          manifest, content_type="application/apply-patch+yaml")
+        meta, kind = manifest["metadata"], manifest["kind"]
+        path = self._path(kind, meta["namespace"], meta["name"])
+        try:
+            return self._call("PATCH", path, {"fieldManager": field_manager or self._field_manager, "force": "true"},
+                              manifest, content_type="application/apply-patch+yaml", absent_ok=False)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            # An apply creates what is missing: a 404 is the API itself missing (a CRD not installed), never a
+            # success with nothing applied.
+            fix = MISSING_API_FIX.get(kind, "is its CustomResourceDefinition installed?")
+            raise ApiError(404, f"{kind} {manifest['apiVersion']} is not served by this cluster (404 on apply to "
+                                f"{path}: {exc.message}): {fix}") from None
 
     def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
         return self._call("GET", self._path(kind, namespace, name))
@@ -153,6 +176,11 @@ class Kube:
     def get_crd(self, name: str) -> Optional[dict]:
         """A CustomResourceDefinition (cluster-scoped: not one of KINDS); None when it is not installed."""
         return self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+
+    def get_peering(self, name: str, namespace: Optional[str]) -> Optional[dict]:
+        """kopf's peering object: the KopfPeering in `namespace`, the ClusterKopfPeering for None."""
+        where = f"namespaces/{namespace}/kopfpeerings" if namespace else "clusterkopfpeerings"
+        return self._call("GET", f"/apis/kopf.dev/v1/{where}/{name}")
 
     def list(self, kind: str, namespace: str, selector: str) -> list[dict]:
         found = self._call("GET", self._path(kind, namespace), {"labelSelector": selector})

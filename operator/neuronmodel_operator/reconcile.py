@@ -19,11 +19,11 @@ A serving model keeps serving while its spec changes:
 - Compile Jobs are named by their whole template: an edit is a new Job, never a 422 on an immutable template.
 
 Two entry points, to keep the requests per event low (bench/operator.py counts them): a full run (`changed` is
-None: the NeuronModel was created, changed or resumed, or a child of a model with a compile Job or a pending kind
-change changed) applies every child; a refresh (`changed` holds the children whose events arrived) re-applies only
-a child that was deleted or no longer holds what we set, and recomputes the status only when the workload, the
-HPA or a pod changed. The last status written per object is remembered, so a reconcile never needs the
-NeuronModel's freshest copy to know what it already reported.
+None: the NeuronModel was created, changed or resumed; or a child changed of a model whose compile Job has not
+succeeded, whose rollout is held, or whose kind change is pending) applies every child; a refresh (`changed`
+holds the children whose events arrived) re-applies only a child that was deleted or no longer holds what we set,
+and recomputes the status only when the workload, the HPA or a pod changed. The last status written per object is
+remembered, so a reconcile never needs the NeuronModel's freshest copy to know what it already reported.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from typing import Iterable, Optional
 
 from neuronmodel_operator import api, builders, ownership, revisions, status
 from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, LWS_SUFFIX, Target,
-                                                  selector_string, target_from_body, workload_name)
+                                                  selector, selector_string, target_from_body, workload_name)
 from neuronmodel_operator.builders.service import endpoint
 from neuronmodel_operator.k8s import ApiError, Kube
 from neuronmodel_operator.resolve import OperatorDefaults, Resolved
-from neuronmodel_operator.served import served_target
+from neuronmodel_operator.served import UnreadableRecord, served_target
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 FOLLOW_THE_SERVING_SIDE = ("Service", "HorizontalPodAutoscaler")
 #: The label LeaderWorkerSet puts on the StatefulSets (and pods) of one LeaderWorkerSet.
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+#: The label the Job controller puts on a Job's pods (Kubernetes 1.27+).
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 @dataclass(frozen=True)
@@ -73,9 +75,14 @@ def _time(stamp: str) -> datetime:
     return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
 
 
+def _has(obj: Optional[dict], *types: str) -> bool:
+    """Is a condition of one of `types` True on the object?"""
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") in types and c.get("status") == "True" for c in conditions)
+
+
 def _succeeded(job: Optional[dict]) -> bool:
-    conditions = (job or {}).get("status", {}).get("conditions") or []
-    return any(c["type"] == "Complete" and c["status"] == "True" for c in conditions)
+    return _has(job, "Complete")
 
 
 def _kind(target: Target) -> str:
@@ -160,6 +167,7 @@ class Reconcile:
         self._switching: set[str] = set()  # uids whose old-kind workload serves until the new one is ready
         self._hpas: dict[str, dict] = {}  # uid -> the HPA as last applied or seen (status reads its conditions)
         self._ours: dict[str, set[tuple[str, str]]] = {}  # uid -> (kind, name) of children known to be its own
+        self._settled: dict[str, dict] = {}  # uid -> the succeeded compile Job of the key its workload serves
 
     def __call__(self, namespace: str, name: str, cleanup: bool, body: Optional[dict] = None,
                  changed: Optional[Changes] = None) -> Outcome:
@@ -186,7 +194,10 @@ class Reconcile:
         resolved = target.resolved
         switching = target.uid in self._switching
         try:
-            if changed is not None and not resolved.compile_job and not switching:
+            # A compile-cache model needs the full run only while its Job runs, its rollout is held or its kind
+            # changes; once its workload serves its compiled key, a child event costs what any model's does.
+            settled = not resolved.compile_job or self._compiled_job(target) is not None
+            if changed is not None and settled and not switching:
                 return self._refresh(body, target, changed)
             return self._apply(body, target, cleanup or switching)
         except api.SpecError as exc:  # found only once the children are built: two sources at one path, say
@@ -232,10 +243,13 @@ class Reconcile:
         return dataclasses.replace(target, resolved=resolved)
 
     def _apply(self, body: dict, target: Target, cleanup: bool) -> Outcome:
-        # A compile key that a Job (of any template) has compiled needs no new Job: an edit outside the key rolls
-        # at once. Otherwise the Job of the current template runs.
-        job = self._compiled(target)
-        compile_children = [] if job is not None else builders.compile_children(target)
+        # A compile key that a Job (of any template) has compiled, or compiles now, needs no new Job: an edit
+        # outside the key rolls at once (or once that Job is done). Otherwise the Job of the current template runs.
+        compile_children = builders.compile_children(target)
+        job = self._compiled(target, next((m["metadata"]["name"] for m in compile_children if m["kind"] == "Job"),
+                                          None))
+        if job is not None:
+            compile_children = []
         for manifest in compile_children:
             applied = self.kube.apply(manifest)
             if manifest["kind"] == "Job":
@@ -243,10 +257,15 @@ class Reconcile:
         # The live workloads of both kinds: what serves now (a model that changed kind still has the other one).
         live = self._workloads(target) if cleanup or target.resolved.compile_job else {}
         serving: Optional[Target] = target
-        held = False
+        held, frozen = False, None  # frozen: the live workload, left as it is (its served record is unreadable)
         if target.resolved.compile_job and not _succeeded(job):
             running = live.get(_kind(target)) or next(iter(live.values()), None)
-            previous = served_target(running, target, self.defaults)
+            try:
+                previous = served_target(running, target, self.defaults)
+            except UnreadableRecord as exc:
+                log.warning("%s/%s: %s: it is left as it is until the compile Job succeeds", target.namespace,
+                            target.name, exc)
+                previous, serving, held, frozen = None, None, True, running
             if previous is not None and previous.resolved.compile_key != target.resolved.compile_key:
                 serving, held = previous, True
             elif running is None:
@@ -254,20 +273,26 @@ class Reconcile:
         leaving = None  # the other kind's workload serves until the new one is ready
         if serving is not None:
             old = next((w for kind, w in live.items() if kind != _kind(serving)), None)
-            leaving = served_target(old, target, self.defaults) if old is not None else None
+            leaving = self._leaving(old, target) if old is not None else None
         desired = self._desired(serving or target, leaving, service_only=serving is None)
         self._claim(target, desired)
         self._hand_over_replicas(desired, live)
+        if leaving is not None and serving.spec.autoscaling is not None:
+            self._match_replicas(desired, live, live[_kind(leaving)])
         applied = dict(zip(((m["kind"], m["metadata"]["name"]) for m in desired),
                            self._appliers.map(self.kube.apply, desired)))
-        workload = applied.get((_kind(serving), workload_name(serving))) if serving else None
+        workload = applied.get((_kind(serving), workload_name(serving))) if serving else frozen
         if leaving is not None and _ready(workload):
             desired, leaving = self._switch_over(serving, leaving), None
         if leaving is not None:
             self._switching.add(target.uid)
         else:
             self._switching.discard(target.uid)
-        if cleanup or (target.resolved.compile_job and not held):
+        if target.resolved.compile_job and _succeeded(job) and leaving is None:
+            self._settled[target.uid] = job
+        else:
+            self._settled.pop(target.uid, None)
+        if frozen is None and (cleanup or (target.resolved.compile_job and not held)):
             keep = {(m["kind"], m["metadata"]["name"]) for m in desired + compile_children}
             if job is not None:
                 keep |= {("Job", job["metadata"]["name"]), ("ConfigMap", job["metadata"]["name"])}
@@ -356,6 +381,37 @@ class Reconcile:
                                           "namespace": manifest["metadata"]["namespace"]},
                              "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
 
+    def _leaving(self, old: dict, target: Target) -> Optional[Target]:
+        """The Target the other kind's live workload serves, None when its record cannot be read (it goes)."""
+        try:
+            return served_target(old, target, self.defaults)
+        except UnreadableRecord as exc:
+            log.warning("%s/%s: %s", target.namespace, target.name, exc)
+            return None
+
+    def _match_replicas(self, desired: list[dict], live: dict[str, dict], old: dict) -> None:
+        """A kind switch under autoscaling: the new workload, applied without spec.replicas, would run 1 (the
+        default) and switch over once that one is ready, dropping the N the HPA has scaled the old one to. It is
+        created at the old one's live count instead (the next run hands the field to HANDOVER_FIELD_MANAGER, as
+        `_hand_over_replicas` does, and the HPA takes it over after the switch), follows that count while the HPA
+        still scales the old one, and the switch waits for that many ready (`_ready`)."""
+        replicas = (old.get("spec") or {}).get("replicas", 1)
+        for manifest in desired:
+            if manifest["kind"] not in WORKLOAD_KINDS or manifest["kind"] == old["kind"]:
+                continue
+            current = live.get(manifest["kind"])
+            meta = manifest["metadata"]
+            if current is None:
+                manifest["spec"]["replicas"] = replicas
+            elif (current.get("spec") or {}).get("replicas") != replicas:
+                self.kube.apply({"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
+                                 "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                                 "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
+            else:
+                continue
+            log.info("%s %s/%s follows the %s's %d replicas", manifest["kind"], meta["namespace"], meta["name"],
+                     old["kind"], replicas)
+
     def _refresh(self, body: dict, target: Target, changed: Changes) -> Outcome:
         """Restore the changed children that drifted; the status when the workload, the HPA or a pod changed; the
         runtime ConfigMaps no revision uses any more when a ReplicaSet or pod is gone."""
@@ -380,18 +436,25 @@ class Reconcile:
                 workload = self.kube.get(workload_key[0], target.namespace, workload_key[1])
             if _awaiting_controller(workload):
                 return Outcome()
-            self._write_status(body, target.resolved, target, None, workload, None,
+            self._write_status(body, target.resolved, target, None, workload, self._compiled_job(target),
                                self._pods(target, workload), held=False)
         return Outcome()
 
+    def _compiled_job(self, target: Target) -> Optional[dict]:
+        """The succeeded compile Job of the target's key that its workload serves (as the last full run saw it)."""
+        job = self._settled.get(target.uid)
+        keys = ((job or {}).get("metadata") or {}).get("annotations") or {}
+        return job if keys.get(api.ANNOTATION_COMPILE_KEY) == target.resolved.compile_key else None
+
     def _pods(self, target: Target, workload: Optional[dict]) -> list:
-        """The serving pods (status reads their scheduling and readiness); none to list for an empty workload."""
+        """The serving pods, every pod of a multi-node group (status reads what blocks any of them, readiness from
+        the leaders); none to list for an empty workload."""
         if workload is None:
             return []
         desired = (workload.get("spec") or {}).get("replicas", 1)
         if desired == 0 and not (workload.get("status") or {}).get("replicas"):
             return []
-        return self.kube.list("Pod", target.namespace, selector_string(target))
+        return self.kube.list("Pod", target.namespace, ",".join(f"{k}={v}" for k, v in selector(target).items()))
 
     def forget(self, uid: str) -> None:
         """The NeuronModel is gone: drop what was remembered of it."""
@@ -399,6 +462,7 @@ class Reconcile:
         self._switching.discard(uid)
         self._hpas.pop(uid, None)
         self._ours.pop(uid, None)
+        self._settled.pop(uid, None)
 
     def report_access_denied(self, body: dict, message: str) -> None:
         """Put a persisting 401/403 where users look: status.warnings (the next successful reconcile's status
@@ -429,14 +493,27 @@ class Reconcile:
     def _previous(self, body: dict) -> dict:
         return self._reported.get(body["metadata"]["uid"]) or body.get("status") or {}
 
-    def _compiled(self, target: Target) -> Optional[dict]:
-        """A succeeded compile Job of the target's compile key, None when there is none (or no Job is needed)."""
+    def _compiled(self, target: Target, current: Optional[str]) -> Optional[dict]:
+        """The compile Job of the target's compile key to go on with: a succeeded one, else one of another template
+        (a toleration, a ServiceAccount edited) whose pod runs the compile and none failed: replacing it would throw
+        hours of compile away. None when there is neither (or no Job is needed): the Job `current` runs.
+        A pending Job of another template is replaced: the edit may be what lets it schedule."""
         if not target.resolved.compile_job:
             return None
         selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_COMPONENT}={COMPONENT_COMPILE}"
-        return next((job for job in self.kube.list("Job", target.namespace, selector) if _succeeded(job) and
-                     (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_COMPILE_KEY)
-                     == target.resolved.compile_key), None)
+        of_key = [job for job in self.kube.list("Job", target.namespace, selector)
+                  if (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_COMPILE_KEY)
+                  == target.resolved.compile_key]
+        return next((job for job in of_key if _succeeded(job)), None) or \
+            next((job for job in of_key if job["metadata"]["name"] != current and self._compiling(job)), None)
+
+    def _compiling(self, job: dict) -> bool:
+        """The Job's pod runs (scheduled), no pod of it failed and the Job has not failed."""
+        state = job.get("status") or {}
+        if not state.get("active") or state.get("failed") or _has(job, "Failed", "FailureTarget"):
+            return False
+        pods = self.kube.list("Pod", job["metadata"]["namespace"], f"{JOB_NAME_LABEL}={job['metadata']['name']}")
+        return any(_has(pod, "PodScheduled") for pod in pods)
 
     def _delete_stale(self, target: Target, keep: set, kinds: Iterable[str]) -> None:
         """Children of `kinds` with our label that the current spec does not want (compile leftovers: superseded

@@ -9,6 +9,10 @@ artifacts nobody compiled.
 
 Workloads written by operators before this annotation carry ANNOTATION_SERVED_SPEC (the spec alone); their
 image and compile key are read from the pod template itself, which is what those pods really run.
+
+A record this release cannot read (another operator version's spec that `parse_spec` refuses, a hand edit) is
+UnreadableRecord: the compile gate then holds the workload as it is, since nothing says the uncompiled spec is safe
+to roll.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from typing import Any, Mapping, Optional
 from neuronmodel_operator import api
 from neuronmodel_operator.builders.common import Target
 from neuronmodel_operator.resolve import OperatorDefaults, Resolved, resolve
+
+
+class UnreadableRecord(ValueError):
+    """The workload carries a served record that this release cannot read; the message says which and why."""
 
 
 def _resolved(data: Mapping[str, Any]) -> Resolved:
@@ -43,7 +51,8 @@ def _legacy(workload: Mapping, spec: api.NeuronModelSpec, defaults: OperatorDefa
 
 def served_target(workload: Optional[Mapping], target: Target, defaults: OperatorDefaults) -> Optional[Target]:
     """The Target the live `workload` serves, with identity and replicas from `target` (the replica count and the
-    autoscaler always follow the current spec); None without a readable record."""
+    autoscaler always follow the current spec); None without a record (or a legacy one whose template says too
+    little). Raises UnreadableRecord for a record it cannot read."""
     annotations = ((workload or {}).get("metadata") or {}).get("annotations") or {}
     try:
         if api.ANNOTATION_SERVED in annotations:
@@ -56,7 +65,9 @@ def served_target(workload: Optional[Mapping], target: Target, defaults: Operato
                 return None
         else:
             return None
-    except (ValueError, KeyError, TypeError, api.SpecError):
-        return None  # a record we cannot read is not worth holding a rollout for
+    except (ValueError, KeyError, TypeError, api.SpecError) as exc:
+        meta = (workload or {}).get("metadata") or {}
+        raise UnreadableRecord(f"{workload.get('kind')} {meta.get('name')}'s served record cannot be read by this "
+                               f"operator ({type(exc).__name__}: {exc})") from None
     spec = spec.model_copy(update={"replicas": target.spec.replicas, "autoscaling": target.spec.autoscaling})
     return dataclasses.replace(target, spec=spec, resolved=resolved)

@@ -38,7 +38,9 @@ Phase, first match wins (its reason and message are the Ready condition's):
   Pending    Creating        no workload yet, or it has no live pods (the Deployment's ReplicaFailure message, a
                              quota say, is the message).
   Pending    Unschedulable   no live pod is scheduled and some have PodScheduled=False: the scheduler's message
-                             ("0/5 nodes are available: 5 Insufficient aws.amazon.com/neuroncore") is the message.
+                             ("0/5 nodes are available: 5 Insufficient aws.amazon.com/neuroncore") is the message,
+                             and for a multi-node group refused by its exclusive topology what to do (scheduler_hints.py:
+                             free a node group for a surge group, or the key is on no node).
   Pending    Scheduling      no live pod is scheduled yet, none refused.
   Failed     NeuronDeviceAccessDenied  as ContainersFailing, and a container's termination message carries
                              DEVICE_ACCESS_MARKER (the runtime could not open /dev/neuron* as its non-root uid):
@@ -53,8 +55,10 @@ Phase, first match wins (its reason and message are the Ready condition's):
   Degraded   Degraded        0 < readyReplicas < desired.
   Loading    RollingOut      enough replicas are ready but the rollout is not complete (new pods loading).
   Ready      Ready           readyReplicas >= desired > 0 and the rollout is complete.
-Loading and Degraded messages add what blocks the other pods (unschedulable, or a container waiting reason such
-as CrashLoopBackOff). Live pods: not being deleted, not Succeeded/Failed.
+Loading and Degraded messages add what blocks the other pods (unschedulable, with scheduler_hints.py's advice, or a
+container waiting reason such as CrashLoopBackOff). Live pods: not being deleted, not Succeeded/Failed. The pods of a
+LeaderWorkerSet are every pod of its groups, workers too (a worker's ImagePullBackOff blocks its group); timings read
+readiness from the leaders only.
 
 Conditions, the four of CONDITION_TYPES in that order, then Autoscaling when the model has an HPA
 (`Observed.hpa`, passed under spec.autoscaling only); each with observedGeneration and a message:
@@ -97,6 +101,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping, Optional, Sequence, Union
 
+from neuronmodel_operator import scheduler_hints
 from neuronmodel_operator.api import CONDITION_TYPES
 from neuronmodel_operator.resolve import Resolved
 from neuronmodel_runtime.config.keys import ARTIFACTS_MISSING
@@ -255,7 +260,9 @@ def _unschedulable(pods: Sequence[Mapping]) -> Optional[str]:
     refused = [c for pod in pods if (c := _condition(pod, "PodScheduled", value="False"))]
     if not refused:
         return None
-    return f"{len(refused)} serving pod(s) cannot be scheduled: {refused[0].get('message') or refused[0]['reason']}"
+    advice = scheduler_hints.hint(pods)
+    return f"{len(refused)} serving pod(s) cannot be scheduled: {refused[0].get('message') or refused[0]['reason']}" \
+        + (f"; {advice}" if advice else "")
 
 
 def _waiting(pods: Sequence[Mapping], reasons: Optional[frozenset] = None) -> Optional[str]:
@@ -398,8 +405,10 @@ def _set(type_: str, verdict: _Verdict, old: Mapping, generation: int, now: date
 # --- timings -------------------------------------------------------------------------------------------------
 
 def _load_seconds(pods: Sequence[Mapping]) -> Optional[float]:
+    """The slowest load of a ready pod that serves (a group's leader: its workers are ready before it loads)."""
     loads = [_seconds((pod.get("status") or {}).get("startTime"), ready.get("lastTransitionTime"))
-             for pod in pods if (ready := _condition(pod, "Ready"))]
+             for pod in pods if (ready := _condition(pod, "Ready")) and
+             ((pod.get("metadata") or {}).get("labels") or {}).get(scheduler_hints.WORKER_INDEX_LABEL, "0") == "0"]
     return max((load for load in loads if load is not None), default=None)
 
 

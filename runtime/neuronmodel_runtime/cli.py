@@ -9,6 +9,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -337,15 +338,32 @@ def _compile_runner_factory(config: RuntimeConfig) -> Callable[[], Any]:
     return lambda: create_runner(selection.framework, config, str(path))
 
 
+class Terminated(BaseException):
+    """SIGTERM during `compile` (the operator replaced its Job, the node drains): a BaseException, so that no
+    retry catches it, and every `finally` on the way out runs: the store's compile lock is released at once
+    instead of blocking the next compile of the key for the lock's whole lease."""
+
+
+def _terminated(signum: int, _frame: Any) -> NoReturn:
+    raise Terminated(signum)
+
+
 def _compile(make_runner: Callable[[], Any]) -> int:
-    """`compile`: one JSON line on success (exit 0); a failure is one line on stderr (exit 1: the Job retries)."""
+    """`compile`: one JSON line on success (exit 0); a failure is one line on stderr (exit 1: the Job retries);
+    SIGTERM unwinds (releasing the compile lock) and exits 143."""
     from neuronmodel_runtime.compile_job import CompileFailed, run_compile
 
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         summary = run_compile(make_runner)
     except (*STARTUP_ERRORS, CompileFailed) as exc:
         print("neuronmodel-runtime compile: " + " ".join(str(exc).split()), file=sys.stderr)
         return 1
+    except Terminated:
+        print("neuronmodel-runtime compile: stopped by SIGTERM; the compile lock is released", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(json.dumps(summary))
     return 0
 

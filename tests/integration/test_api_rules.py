@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from neuronmodel_operator import api as nm
-from neuronmodel_operator.k8s import ApiError, Kube
+from neuronmodel_operator.k8s import KINDS, ApiError, Kind, Kube
 
 pytestmark = pytest.mark.slow
 
@@ -78,3 +78,18 @@ def test_a_create_in_a_namespace_being_deleted_is_a_403_marked_namespace_termina
         core.patch_namespaced_config_map("held", name, {"metadata": {"finalizers": None}})
     other = ApiError(403, 'configmaps is forbidden: User "x" cannot create resource "configmaps"')
     assert not other.namespace_terminating
+
+
+def test_an_apply_whose_api_is_not_served_is_an_error_naming_it(kube, namespace, monkeypatch):
+    """Apply creates what is missing, so its 404 is the API itself missing (the LeaderWorkerSet CRD not installed):
+    an error that says what to install, never a success with nothing applied. (This cluster has LWS installed: the
+    kind points at a group nobody serves.)"""
+    monkeypatch.setitem(KINDS, "LeaderWorkerSet", Kind("/apis/leaderworkerset.example.com/v1", "leaderworkersets"))
+    lws = {"apiVersion": "leaderworkerset.example.com/v1", "kind": "LeaderWorkerSet",
+           "metadata": {"name": "g", "namespace": namespace}, "spec": {}}
+    with pytest.raises(ApiError) as missing:
+        kube.apply(lws)
+    assert missing.value.status == 404 and not missing.value.retryable
+    assert "is not served by this cluster" in missing.value.message
+    assert "install LeaderWorkerSet" in missing.value.message and "404 page not found" in missing.value.message
+    assert kube.get("LeaderWorkerSet", namespace, "g") is None

@@ -112,3 +112,30 @@ def test_a_template_change_rolls_every_group_over_on_as_many_node_groups_as_grou
     assert placed["0"] != placed["1"], placed
     body = api.get("roll")
     assert body["status"]["ready"] == "2/2" and not body["status"].get("warnings"), body["status"]
+
+
+def ready_message(api, name: str) -> str:
+    return next((c["message"] for c in (api.get(name).get("status") or {}).get("conditions") or []
+                 if c["type"] == "Ready"), "")
+
+
+def test_a_group_more_than_the_node_groups_says_how_to_roll_without_a_free_one(api, node_groups, wait_until):
+    """Three groups, two node groups: the third group (as a rollout's surge group would) is refused by the real
+    scheduler for LWS's exclusive anti-affinity, and the status says what to change."""
+    api.apply(neuronmodel("crowded", {**SPEC, "replicas": 3}))
+    message = wait_until("the advice in the status", lambda: (m := ready_message(api, "crowded")) and
+                         "anti-affinity" in m and m, 180)
+    assert "each serving group needs a node group of its own (LeaderWorkerSet exclusive topology on " \
+           f"{nodes.NODEGROUP_LABEL})" in message, message
+    assert "set spec.rollout.maxSurge 0 and maxUnavailable 1" in message, message
+
+
+def test_an_exclusive_key_on_no_node_is_named_in_the_status(api, node_groups, wait_until):
+    """Karpenter's and Auto Mode's nodes carry no eks.amazonaws.com/nodegroup: here a key no node has."""
+    spec = {**SPEC, "replicas": 1, "parallelism": {**SPEC["parallelism"], "groupTopologyKey": "example.com/rack"}}
+    api.apply(neuronmodel("keyless", spec))
+    body = api.phase("keyless", "Pending", timeout=120)
+    message = wait_until("the key named", lambda: (m := ready_message(api, "keyless")) and
+                         "exclusive-topology key example.com/rack" in m and m, 120)
+    assert "is a label on none of the" in message and "spec.parallelism.groupTopologyKey" in message, message
+    assert body["status"]["phase"] == "Pending"

@@ -250,3 +250,42 @@ def test_an_unpinned_hf_source_serves_one_commit_on_every_replica(api, operator,
         finally:
             pinning.stop()
             operator.start()
+
+
+def scale(api, name: str, multi_node: bool, replicas: int) -> None:
+    """What the HPA does: the scale subresource of the workload."""
+    if multi_node:
+        api.custom.patch_namespaced_custom_object_scale("leaderworkerset.x-k8s.io", "v1", api.ns, "leaderworkersets",
+                                                        f"{name}-lws", {"spec": {"replicas": replicas}})
+    else:
+        api.apps.patch_namespaced_deployment_scale(name, api.ns, {"spec": {"replicas": replicas}})
+
+
+@pytest.mark.parametrize("before,after", [(1, 2), (2, 1)], ids=["deployment-to-group", "group-to-deployment"])
+def test_a_kind_change_under_autoscaling_keeps_the_scaled_count(api, wait_until, before, after):
+    autoscaled = {key: value for key, value in TINY_SPEC.items() if key != "replicas"}
+    # no exclusive topology: the torch pods fit only the harness's one CPU node, which takes the three groups
+    exclusive = {1: {"groupTopologyKey": None}, 2: {"groupTopologyKey": ""}}
+    parallelism = {"tensorParallelDegree": 2, "nodes": before, **({"groupTopologyKey": ""} if before > 1 else {})}
+    api.apply(neuronmodel("scaled", {**autoscaled, "autoscaling": {"minReplicas": 1, "maxReplicas": 4},
+                                     "parallelism": parallelism}))
+    api.phase("scaled", "Ready", timeout=120)
+    scale(api, "scaled", before > 1, 3)  # the HPA scaled it to 3 (here: no metrics API, so it keeps 3)
+    wait_until("3 ready", lambda: ready_replicas(api, "scaled", multi_node=before > 1) == 3, 120)
+    api.patch("scaled", {"parallelism": {"nodes": after, **exclusive[after]}})
+    seen = []  # (old workload exists, new workload's ready count) every poll until the switch is done
+
+    def switched():
+        old = api.deployment("scaled") if before == 1 else lws(api, "scaled")
+        seen.append((old is not None, ready_replicas(api, "scaled", multi_node=after > 1)))
+        return old is None
+    def diagnose() -> str:
+        pods = api.core.list_namespaced_pod(api.ns, label_selector="neuronmodel.dev/name=scaled").items
+        return f"status {api.get('scaled').get('status')}\nLWS {(lws(api, 'scaled') or {}).get('status')}\npods " + \
+            str([(p.metadata.name, p.status.phase, [(c.type, c.status, c.message) for c in p.status.conditions or []])
+                 for p in pods])
+    wait_until("the old workload removed", switched, 180, diagnose)
+    assert all(old for old, ready in seen if ready < 3), seen  # never switched before all 3 were ready
+    new = lws(api, "scaled")["spec"] if after > 1 else api.deployment("scaled").spec.to_dict()
+    assert new["replicas"] == 3
+    assert ready_replicas(api, "scaled", multi_node=after > 1) == 3

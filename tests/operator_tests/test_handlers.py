@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import random
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from neuronmodel_operator import handlers
 from neuronmodel_operator.k8s import ApiError
+from neuronmodel_operator.peering import Peering, paused_by
 from neuronmodel_operator.reconcile import Outcome
 
 KEY = ("team", "llama")
@@ -184,3 +186,61 @@ def test_a_restarted_operator_resumes_each_model_once_with_cleanup():
 def test_a_deleted_and_recreated_model_is_new_again():
     reconcile = events(("ADDED", model(1)), ("DELETED", model(1)), ("ADDED", model(1, uid="u-2")))
     assert reconcile.runs == [(False, None), (False, None)] and reconcile.forgotten == ["u-1"]
+
+
+def peer(priority: int, seconds_ago: float = 0, lifetime: int = 60) -> dict:
+    """A peer as kopf writes it into its peering object's status (kopf/_core/engines/peering.py Peer.as_dict)."""
+    seen = datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)
+    return {"priority": priority, "lifetime": lifetime, "lastseen": seen.isoformat()}
+
+
+@pytest.mark.parametrize("others,paused", [
+    ({"replica-b": peer(200)}, True),  # a higher priority lives: kopf pauses us
+    ({"replica-b": peer(100)}, True),  # the same priority: kopf pauses both
+    ({"replica-b": peer(50)}, False),
+    ({"replica-b": peer(200, seconds_ago=120)}, False),  # dead: its lifetime ran out
+    ({"kopf-freeze": peer(2**31, lifetime=3600)}, True),  # `kopf freeze`
+    ({}, False),
+])
+def test_the_peering_rule_is_kopfs(others, paused):
+    body = {"status": {"replica-a": peer(100), **others}}
+    assert paused_by(body, "replica-a", 100, datetime.now(timezone.utc)) is paused
+
+
+class PeeringKube:
+    def __init__(self, body):
+        self.body, self.asked = body, []
+
+    def get_peering(self, name, namespace):
+        self.asked.append((name, namespace))
+        return self.body
+
+
+def test_a_peering_replica_reads_its_namespaces_objects():
+    kube = PeeringKube({"status": {"replica-b": peer(200)}})
+    assert Peering(kube, "neuronmodel", ("team", "ml"), "replica-a", 100)()
+    assert kube.asked == [("neuronmodel", "team"), ("neuronmodel", "ml")]
+    kube = PeeringKube(None)  # no such object yet
+    assert not Peering(kube, "neuronmodel", (), "replica-a", 100)() and kube.asked == [("neuronmodel", None)]
+
+
+def test_retries_wait_while_kopfs_peering_has_paused_this_replica():
+    """kopf's pause stops its watches, not our call_later timers: a paused replica must not reconcile beside the
+    active one; the retry waits and runs once the replica is active again."""
+    reconcile = ScriptedReconcile()
+    later: list = []
+
+    async def main():
+        reconciler = handlers.Reconciler(reconcile, ThreadPoolExecutor(max_workers=1))
+        reconciler.paused = lambda: True
+        loop = asyncio.get_running_loop()
+        loop.call_later = lambda delay, callback, *args: later.append((callback, args))
+        reconciler.retry(KEY)
+        await asyncio.gather(*reconciler.tasks)
+        assert reconcile.calls == 0 and len(later) == 1  # waited, not run
+        reconciler.paused = lambda: False
+        callback, args = later.pop()
+        callback(*args)
+        await asyncio.gather(*reconciler.tasks)
+        assert reconcile.calls == 1
+    asyncio.run(main())

@@ -12,7 +12,7 @@ from operator_tests.merge_patch import merge_patch
 from runtime_tests.helpers.fake_hf_hub import FakeHub
 
 from neuronmodel_operator import api
-from neuronmodel_operator.k8s import ApiError
+from neuronmodel_operator.k8s import ApiError, Kube
 from neuronmodel_operator.reconcile import Outcome, Reconcile
 from neuronmodel_operator.resolve import OperatorDefaults
 
@@ -51,6 +51,7 @@ class FakeKube:
         self.lagging: set[tuple[str, str]] = set()  # (kind, name) whose controller has not observed the spec yet
         self.replicas_owners: dict[tuple[str, str], set[str]] = {}  # (kind, name) -> managers of spec.replicas
         self.got: list[tuple[str, str]] = []  # (kind, name) of each GET
+        self.requests: list[tuple[str, str]] = []  # (verb, kind) of every request, in order
 
     # --- test helpers
     def put(self, obj: dict) -> None:
@@ -92,6 +93,7 @@ class FakeKube:
     # --- k8s.Kube
     def apply(self, manifest: dict, field_manager: str = api.FIELD_MANAGER) -> dict:
         kind, meta = manifest["kind"], manifest["metadata"]
+        self.requests.append(("apply", kind))
         if kind in self.fail_apply:
             raise self.fail_apply[kind]
         assert "status" not in manifest, "the operator never applies a child's status"
@@ -127,10 +129,12 @@ class FakeKube:
 
     def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
         self.got.append((kind, name))
+        self.requests.append(("get", kind))
         obj = self.objects.get((kind, namespace, name))
         return None if obj is None else self._with_status(kind, obj)
 
     def list(self, kind: str, namespace: str, selector: str) -> list[dict]:
+        self.requests.append(("list", kind))
         wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
         found = []
         for (k, ns, _), obj in self.objects.items():
@@ -140,10 +144,12 @@ class FakeKube:
         return found
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
+        self.requests.append(("delete", kind))
         self.deleted.append((kind, name))
         self.objects.pop((kind, namespace, name), None)
 
     def patch_status(self, namespace: str, name: str, status: dict) -> Optional[dict]:
+        self.requests.append(("patch", "status"))
         self.status_patches.append(copy.deepcopy(status))
         body = self.objects.get((api.KIND, namespace, name))
         if body is None:
@@ -153,6 +159,7 @@ class FakeKube:
 
     def event(self, owner: dict, type_: str, reason: str, message: str) -> None:
         assert owner["metadata"]["uid"] == UID
+        self.requests.append(("create", "Event"))
         self.events.append((type_, reason, message))
 
 
@@ -384,6 +391,62 @@ def test_new_compile_key_keeps_serving_the_old_spec_until_compiled(kube, reconci
     assert ("ConfigMap", config_map_of(deployment)) in kube.children()  # the serving ConfigMap is never stale
 
 
+def test_an_unreadable_served_record_holds_the_rollout(kube, reconcile):
+    """A served record this operator cannot read (another release's spec field, a hand edit): the workload is left
+    as it is until the new key's Job succeeds, never rolled onto artifacts nobody compiled."""
+    job_a, deployment_a = serve_a(kube, reconcile)
+    workload_ready(kube, "Deployment", 1)
+    stored = kube.objects["Deployment", NS, NAME]
+    stored["metadata"]["annotations"][api.ANNOTATION_SERVED] = json.dumps(
+        {"spec": {**NEURON_A, "fieldOfANewerRelease": True}, "resolved": {}})
+    before = copy.deepcopy(stored)
+    set_spec(kube, spec_b(replicas=1))
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert outcome.held
+    assert kube.objects["Deployment", NS, NAME] == before  # untouched
+    assert ("Deployment", NAME) not in kube.deleted
+    status = kube.model()["status"]
+    assert status["phase"] == "Compiling"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Available"] == "True"
+    job_b = next(j for j in jobs(kube) if job_key(j) != job_key(job_a))
+    kube.statuses["Job", job_b["metadata"]["name"]] = COMPLETE
+    assert not reconcile(NS, NAME, cleanup=True).held
+    assert template_key(kube.one("Deployment")) == job_key(job_b)
+
+
+def serving_pod(kube: FakeKube, ready: bool) -> tuple[tuple[str, str], dict]:
+    """A pod of the Deployment, as its watch event shows it: (its key, the pod)."""
+    labels = kube.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    pod = {"kind": "Pod", "metadata": {"name": f"{NAME}-abc", "namespace": NS, "labels": labels},
+           "status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"},
+                                                         {"type": "Ready", "status": str(ready)}]}}
+    kube.put(pod)
+    return ("Pod", pod["metadata"]["name"]), pod
+
+
+def test_a_compiled_model_costs_two_reads_per_pod_event_and_the_full_run_only_while_compiling(kube, reconcile):
+    kube.put(body(NEURON_A))
+    reconcile(NS, NAME, cleanup=True)
+    (job,) = jobs(kube)
+    kube.statuses["Job", job["metadata"]["name"]] = RUNNING
+    kube.requests.clear()
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={("Job", job["metadata"]["name"]): job})
+    assert ("list", "Job") in kube.requests  # compiling: every event takes the full run (is the Job done?)
+    kube.statuses["Job", job["metadata"]["name"]] = COMPLETE
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={("Job", job["metadata"]["name"]): job})
+    assert "Deployment" in kube.kinds()
+    workload_ready(kube, "Deployment", 1)
+    key, pod = serving_pod(kube, ready=True)
+    kube.requests.clear()
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={key: pod})
+    # compiled and serving its key: the refresh reads the workload and its pods, and writes the status (Ready)
+    assert kube.requests == [("get", "Deployment"), ("list", "Pod"), ("patch", "status"), ("create", "Event")]
+    assert kube.model()["status"]["phase"] == "Ready"
+    kube.requests.clear()
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={key: pod})
+    assert kube.requests == [("get", "Deployment"), ("list", "Pod")]  # nothing changed: nothing written
+
+
 def test_a_third_key_while_held_still_serves_the_first(kube, reconcile):
     job_a, deployment_a = serve_a(kube, reconcile)
     set_spec(kube, spec_b(replicas=2))
@@ -511,6 +574,40 @@ def test_a_refused_child_is_reported_and_retried_not_failed_for_good(kube, recon
     assert [t for t, _, _ in kube.events] == ["Warning"]
 
 
+class NotServing:
+    """The kubernetes ApiClient as k8s.Kube uses it, for an API server that serves no API: every request gets the
+    answer the real one gives for an API group it does not serve, a plain-text 404 (tests/integration/
+    test_api_rules.py)."""
+
+    class configuration:
+        host = "https://127.0.0.1:6443"
+
+    def update_params_for_auth(self, *args) -> None:
+        pass
+
+    def call_api(self, method: str, url: str, **_) -> object:
+        data = b"404 page not found\n"
+        return type("Response", (), {"status": 404, "reason": "Not Found", "data": data, "read": lambda self: data})()
+
+
+def test_a_404_on_apply_is_an_error_naming_the_missing_api_in_the_status_and_an_event(kube, reconcile):
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+           "metadata": {"name": f"{NAME}-lws", "namespace": NS}, "spec": {}}
+    with pytest.raises(ApiError) as missing:  # the LeaderWorkerSet CRD is not installed
+        Kube(NotServing()).apply(lws)
+    assert missing.value.status == 404 and not missing.value.retryable
+    assert "LeaderWorkerSet leaderworkerset.x-k8s.io/v1 is not served by this cluster" in missing.value.message
+    assert "install LeaderWorkerSet" in missing.value.message and "404 page not found" in missing.value.message
+    assert Kube(NotServing()).get("LeaderWorkerSet", NS, "x") is None  # a GET's 404 is an absent object
+    kube.fail_apply["LeaderWorkerSet"] = missing.value
+    kube.put(body({**TORCH, "parallelism": {"tensorParallelDegree": 2, "nodes": 2}}))
+    outcome = reconcile(NS, NAME, cleanup=True)
+    assert outcome.child_error and "install LeaderWorkerSet" in outcome.child_error  # retried with backoff
+    ready = next(c for c in kube.model()["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and "is not served by this cluster" in ready["message"]
+    assert [(t, "install LeaderWorkerSet" in m) for t, _, m in kube.events] == [("Warning", True)]
+
+
 @pytest.mark.parametrize("code", [401, 403, 409, 429, 500, 503, 0])
 def test_retryable_api_error_propagates(kube, reconcile, code):
     kube.put(body(TORCH))
@@ -554,14 +651,56 @@ def test_an_edit_while_compiling_replaces_the_job_never_a_422(kube, reconcile):
     kube.put(body(NEURON_A))
     reconcile(NS, NAME, cleanup=True)
     (first,) = jobs(kube)
-    kube.statuses["Job", first["metadata"]["name"]] = RUNNING
-    # the compile runs out of memory: the user raises it (the fake refuses a changed Job template, as the API does)
+    kube.statuses["Job", first["metadata"]["name"]] = {**RUNNING, "failed": 1}
+    # the compile runs out of memory (a pod failed, the Job retries): the user raises it (the fake refuses a changed
+    # Job template, as the API does)
     set_spec(kube, {**NEURON_A, "resources": {"requests": {"memory": "64Gi"}}})
     assert reconcile(NS, NAME, cleanup=True) == Outcome()
     (second,) = jobs(kube)
     assert second["metadata"]["name"] != first["metadata"]["name"] and job_key(second) == job_key(first)
     assert second["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] == "64Gi"
     assert {("Job", first["metadata"]["name"]), ("ConfigMap", first["metadata"]["name"])} <= set(kube.deleted)
+
+
+def compile_pod(kube: FakeKube, job: dict, scheduled: bool) -> None:
+    """The Job controller's pod of `job`: running (scheduled) or pending."""
+    kube.put({"kind": "Pod", "metadata": {"name": job["metadata"]["name"] + "-x", "namespace": NS,
+                                          "labels": {"batch.kubernetes.io/job-name": job["metadata"]["name"]}},
+              "status": {"phase": "Running" if scheduled else "Pending",
+                         "conditions": [{"type": "PodScheduled", "status": "True" if scheduled else "False"}]}})
+
+
+@pytest.mark.parametrize("edit", [{"tolerations": [{"key": "dedicated", "operator": "Exists"}]},
+                                  {"serviceAccountName": "model-reader"}])
+def test_a_template_only_edit_keeps_the_running_compile(kube, reconcile, edit):
+    kube.put(body(NEURON_A))
+    reconcile(NS, NAME, cleanup=True)
+    (first,) = jobs(kube)
+    kube.statuses["Job", first["metadata"]["name"]] = RUNNING
+    compile_pod(kube, first, scheduled=True)
+    set_spec(kube, {**NEURON_A, **edit})
+    assert reconcile(NS, NAME, cleanup=True) == Outcome()
+    assert jobs(kube) == [first] and kube.deleted == []  # hours of compile are not thrown away
+    assert kube.model()["status"]["phase"] == "Compiling"
+    kube.statuses["Job", first["metadata"]["name"]] = COMPLETE
+    reconcile(NS, NAME, cleanup=True)
+    template = kube.one("Deployment")["spec"]["template"]["spec"]  # serves the edited spec on its artifacts
+    assert template_key(kube.one("Deployment")) == job_key(first)
+    assert template.get("serviceAccountName") == edit.get("serviceAccountName", template.get("serviceAccountName"))
+    assert jobs(kube) == [first]
+
+
+def test_a_template_edit_replaces_a_compile_job_whose_pod_cannot_schedule(kube, reconcile):
+    kube.put(body(NEURON_A))
+    reconcile(NS, NAME, cleanup=True)
+    (first,) = jobs(kube)
+    kube.statuses["Job", first["metadata"]["name"]] = {"active": 1}
+    compile_pod(kube, first, scheduled=False)  # the toleration the user adds is what lets it schedule
+    set_spec(kube, {**NEURON_A, "tolerations": [{"key": "dedicated", "operator": "Exists"}]})
+    reconcile(NS, NAME, cleanup=True)
+    (second,) = jobs(kube)
+    assert second["metadata"]["name"] != first["metadata"]["name"]
+    assert second["spec"]["template"]["spec"]["tolerations"][-1]["key"] == "dedicated"
 
 
 UNPINNED_IMAGE = {**NEURON_A}  # no spec.image: the image comes from the operator's defaults
@@ -625,6 +764,71 @@ def test_nodes_two_to_one_serves_from_the_group_until_the_deployment_is_ready(ku
     reconcile(NS, NAME, cleanup=False, changed={("Deployment", NAME): kube.get("Deployment", NS, NAME)})
     assert ("LeaderWorkerSet", f"{NAME}-lws") not in kube.children()
     assert "leaderworkerset.sigs.k8s.io/worker-index" not in kube.one("Service")["spec"]["selector"]
+
+
+AUTOSCALED = {**{key: value for key, value in TORCH.items() if key != "replicas"},
+              "autoscaling": {"minReplicas": 1, "maxReplicas": 8}}
+MULTI_NODE = {"parallelism": {"tensorParallelDegree": 2, "nodes": 2}}
+
+
+def workload_ready(kube: FakeKube, kind: str, replicas: int) -> None:
+    name = f"{NAME}-lws" if kind == "LeaderWorkerSet" else NAME
+    kube.statuses[kind, name] = {"observedGeneration": kube.objects[kind, NS, name]["metadata"]["generation"],
+                                 "replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
+                                 "updatedReplicas": replicas}
+
+
+@pytest.mark.parametrize("old,new", [(AUTOSCALED, {**AUTOSCALED, **MULTI_NODE}),
+                                     ({**AUTOSCALED, **MULTI_NODE}, AUTOSCALED)], ids=["one-to-two", "two-to-one"])
+def test_a_kind_switch_under_autoscaling_starts_at_the_live_count_and_switches_when_all_are_ready(kube, reconcile,
+                                                                                                old, new):
+    kube.put(body(old))
+    reconcile(NS, NAME, cleanup=True)
+    (old_kind, old_name), = [key for key in kube.children() if key[0] in WORKLOADS]
+    kube.objects[old_kind, NS, old_name]["spec"]["replicas"] = 4  # the HPA scaled it (the scale subresource)
+    workload_ready(kube, old_kind, 4)
+    set_spec(kube, new)
+    reconcile(NS, NAME, cleanup=True)
+    (new_kind, new_name), = [key for key in kube.children() if key[0] in WORKLOADS and key[0] != old_kind]
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4  # created at 4, not the default 1
+    assert kube.one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == old_kind
+    workload_ready(kube, new_kind, 1)  # one of four ready: the old one keeps serving all its traffic
+    reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
+    assert (old_kind, old_name) in kube.children()
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4
+    assert kube.replicas_owners[new_kind, new_name] == {api.HANDOVER_FIELD_MANAGER}  # the HPA's after the switch
+    kube.objects[old_kind, NS, old_name]["spec"]["replicas"] = 5  # the HPA scales the old one meanwhile
+    workload_ready(kube, old_kind, 5)
+    reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 5
+    kube.objects[old_kind, NS, old_name]["spec"]["replicas"] = 4
+    workload_ready(kube, old_kind, 4)
+    reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4
+    workload_ready(kube, new_kind, 4)
+    reconcile(NS, NAME, cleanup=False, changed={(new_kind, new_name): kube.get(new_kind, NS, new_name)})
+    assert (old_kind, old_name) not in kube.children()
+    assert kube.one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == new_kind
+    assert kube.objects[new_kind, NS, new_name]["spec"]["replicas"] == 4
+
+
+def test_a_multi_node_status_reads_the_blockers_of_the_workers_too(kube, reconcile):
+    kube.put(body({**TORCH, **MULTI_NODE}))
+    reconcile(NS, NAME, cleanup=True)
+    labels = kube.one("LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"]
+    for index, waiting in (("0", None), ("1", {"reason": "ImagePullBackOff", "message": "Back-off pulling image"})):
+        state = {"phase": "Running" if waiting is None else "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}
+        if waiting:
+            state["containerStatuses"] = [{"name": "runtime", "state": {"waiting": waiting}}]
+        kube.put({"kind": "Pod", "metadata": {"name": f"{NAME}-lws-0" + ("-1" if index == "1" else ""),
+                                              "namespace": NS, "labels": {
+                                                  **labels, "leaderworkerset.sigs.k8s.io/worker-index": index}},
+                  "status": state})
+    kube.statuses["LeaderWorkerSet", f"{NAME}-lws"] = {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}
+    reconcile(NS, NAME, cleanup=False, changed={("Pod", f"{NAME}-lws-0-1"): kube.get("Pod", NS, f"{NAME}-lws-0-1")})
+    ready = next(c for c in kube.model()["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "Loading" and "container runtime: ImagePullBackOff" in ready["message"]
 
 
 def test_replicas_to_autoscaling_keeps_the_live_count_then_back(kube, reconcile):

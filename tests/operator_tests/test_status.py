@@ -239,6 +239,63 @@ def test_unschedulable_pods_surface_the_scheduler_message():
     assert ready["message"] == f"3 serving pod(s) cannot be scheduled: {UNSCHEDULABLE}"
 
 
+def group_pod(group: int, worker: int, key: str = "eks.amazonaws.com/nodegroup", **kwargs) -> dict:
+    """A pod of a LeaderWorkerSet group as its webhook makes it: the exclusive-topology affinities on `key`."""
+    made = pod(f"llama-lws-{group}" + (f"-{worker}" if worker else ""), **kwargs)
+    group_key = {"key": "leaderworkerset.sigs.k8s.io/group-key", "operator": "In", "values": [f"g{group}"]}
+    others = [{"key": group_key["key"], "operator": "Exists"},
+              {"key": group_key["key"], "operator": "NotIn", "values": [f"g{group}"]}]
+    made["metadata"]["labels"] = {"leaderworkerset.sigs.k8s.io/worker-index": str(worker),
+                                  "leaderworkerset.sigs.k8s.io/group-key": f"g{group}"}
+    made["spec"] = {"affinity": {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchExpressions": [group_key]}, "topologyKey": key}]},
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchExpressions": others}, "topologyKey": key}]}}}
+    return made
+
+
+#: kube-scheduler's messages for a group pod (tests/integration/test_multinode_placement.py gets them for real).
+TAKEN = ("0/6 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, 4 node(s) didn't match pod "
+         "anti-affinity rules. preemption: 0/6 nodes are available: 6 Preemption is not helpful for scheduling.")
+NO_KEY = ("0/3 nodes are available: 3 node(s) didn't match pod affinity rules. preemption: 0/3 nodes are available: "
+          "3 Preemption is not helpful for scheduling.")
+
+
+def test_a_surge_group_without_a_free_node_group_says_how_to_roll_without_one():
+    pods = [group_pod(0, 0, ready=True, ready_at=25), group_pod(0, 1, ready=True, ready_at=25),
+            group_pod(1, 0, scheduled=False, refused=TAKEN), group_pod(1, 1, scheduled=False, refused=TAKEN)]
+    current = run(observe(workload=lws(desired=2, ready=1, total=2, updated=2), pods=pods, desired_replicas=2))
+    message = cond(current, "Ready")["message"]
+    assert current["phase"] == "Degraded" and TAKEN in message
+    assert "each serving group needs a node group of its own (LeaderWorkerSet exclusive topology on " \
+           "eks.amazonaws.com/nodegroup)" in message
+    assert "set spec.rollout.maxSurge 0 and maxUnavailable 1" in message and "or add a node group" in message
+
+
+def test_an_exclusive_key_that_no_node_carries_is_named_with_how_to_set_another():
+    pods = [group_pod(0, 0, key="karpenter.sh/nodepool-group", scheduled=False, refused=NO_KEY)]
+    current = run(observe(workload=lws(desired=1), pods=pods, desired_replicas=1))
+    ready = cond(current, "Ready")
+    assert (current["phase"], ready["reason"]) == ("Pending", "Unschedulable")
+    assert "the exclusive-topology key karpenter.sh/nodepool-group is a label on none of the 3 node(s)" in \
+        ready["message"]
+    assert "spec.parallelism.groupTopologyKey" in ready["message"] and "multiNode.groupTopologyKey" in ready["message"]
+
+
+def test_a_refusal_of_a_pod_without_exclusive_topology_gets_no_group_advice():
+    pods = [pod(scheduled=False, refused=NO_KEY)]  # a Deployment pod with an affinity of the user's
+    assert cond(run(observe(workload=deployment(), pods=pods)), "Ready")["message"] == \
+        f"1 serving pod(s) cannot be scheduled: {NO_KEY}"
+
+
+def test_load_seconds_of_a_group_are_its_leaders():
+    pods = [group_pod(0, 0, ready=True, start=20, ready_at=25), group_pod(0, 1, ready=True, start=2, ready_at=25)]
+    current = run(observe(workload=lws(desired=1, ready=1, total=1, updated=1, conditions=LWS_SETTLED), pods=pods,
+                          desired_replicas=1))
+    assert current["phase"] == "Ready" and current["timings"]["loadSeconds"] == 300
+
+
 def test_pods_not_scheduled_yet_are_pending():
     current = run(observe(workload=deployment(), pods=[pod(scheduled=False)]))
     assert (current["phase"], cond(current, "Ready")["reason"]) == ("Pending", "Scheduling")

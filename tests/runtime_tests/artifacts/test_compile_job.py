@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,3 +130,41 @@ def test_a_compile_that_fills_the_local_volume_fails_with_one_line(monkeypatch, 
     assert "free space on that volume or make it larger, or point $NEURON_COMPILED_ARTIFACTS" in line
     assert [p for p in (volume.folder / "compiled").rglob("*") if p.is_file()] == []  # (digests/ is a memo)
     assert [p.name for p in (tmp_path / "pvc").rglob("*") if p.is_file()] == []
+
+
+#: Run by a child process: the fake NxDI's compile announces that it runs (under the store's lock) and never ends.
+HANGING_COMPILE = """
+import pathlib, sys, time
+sys.path.insert(0, sys.argv[1])
+from neuronx_distributed_inference.models.application_base import NeuronApplicationBase
+def _compile(self, *args):
+    pathlib.Path(sys.argv[2]).write_text("compiling")
+    time.sleep(3600)
+NeuronApplicationBase._compile = _compile
+from neuronmodel_runtime import cli
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def test_sigterm_during_a_compile_releases_the_store_lock(monkeypatch, tmp_path, capsys):
+    """The operator replaces a compile Job (the kubelet sends SIGTERM): the compile stops at once, exit 143, and
+    its store lock is released, so the next compile of the key takes it without waiting out the lease."""
+    argv = nxdi_compile_argv(monkeypatch, tmp_path)
+    site, started = tmp_path / "site" / "fake-nxdi-0.9.17334", tmp_path / "started"
+    child = subprocess.Popen([sys.executable, "-c", HANGING_COMPILE, str(site), str(started), *argv],
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [str(site), *sys.path])})
+    try:
+        while not started.exists():  # the compile runs under the lock
+            assert child.poll() is None, child.stderr.read()
+            time.sleep(0.05)
+        assert [p.name for p in (tmp_path / "pvc").iterdir() if p.name.endswith(".lock")]
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == 143
+    finally:
+        child.kill()
+    assert "stopped by SIGTERM; the compile lock is released" in child.stderr.read()
+    assert [p.name for p in (tmp_path / "pvc").iterdir() if p.name.endswith(".lock")] == []
+    assert cli.main(argv) == 0  # the next compile finds no holder
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["compiled"] is True
