@@ -41,10 +41,23 @@ def installed(tmp_path, capsys) -> Path:
     return path
 
 
-def _supervised(script: Path, *command: str) -> subprocess.Popen:
-    # -I: isolated, as in the engine's image: no PYTHONPATH, none of our code importable
-    return subprocess.Popen([sys.executable, "-I", str(script), str(script.parent), "--", *command],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.fixture
+def engines():
+    """Supervised engines, killed at the end whatever the test saw (a mutation may leave one running)."""
+    started: list[subprocess.Popen] = []
+
+    def start(script: Path, *command: str) -> subprocess.Popen:
+        # -I: isolated, as in the engine's image: no PYTHONPATH, none of our code importable
+        started.append(subprocess.Popen([sys.executable, "-I", str(script), str(script.parent), "--", *command],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True))
+        return started[-1]
+
+    yield start
+    for engine in started:
+        if engine.poll() is None:
+            os.killpg(engine.pid, signal.SIGKILL)
+            engine.wait()
 
 
 def test_the_installed_supervisor_needs_nothing_but_the_standard_library(installed):
@@ -54,8 +67,9 @@ def test_the_installed_supervisor_needs_nothing_but_the_standard_library(install
     assert installed.read_text() == Path(supervise.__file__).read_text()
 
 
-def test_a_vllm_that_exits_fails_with_its_status_and_the_store_stops_waiting(tmp_path, installed, capsys, key_env):
-    engine = _supervised(installed, sys.executable, "-c", REFUSING_VLLM)
+def test_a_vllm_that_exits_fails_with_its_status_and_the_store_stops_waiting(tmp_path, installed, capsys, key_env,
+                                                                              engines):
+    engine = engines(installed, sys.executable, "-c", REFUSING_VLLM)
     _, err = engine.communicate(timeout=60)
     assert engine.returncode == 2  # vLLM's own: the pod fails, the Job counts a failure
     lines = err.strip().splitlines()
@@ -64,15 +78,16 @@ def test_a_vllm_that_exits_fails_with_its_status_and_the_store_stops_waiting(tmp
     assert json.loads((installed.parent / supervise.EXITED).read_text()) == {"status": 2}
     # store-artifacts, waiting on a health URL nobody answers, exits too: with a line that says so
     code = cli.main(["artifacts", "store", str(tmp_path / "vllm"), "--store", str(tmp_path / "store"),
-                     "--ready-url", "http://127.0.0.1:9/health", "--engine-dir", str(installed.parent)])
+                     "--ready-url", "http://127.0.0.1:9/health", "--ready-timeout-s", "30",
+                     "--engine-dir", str(installed.parent)])
     err = capsys.readouterr().err
     assert code == 2 and "the engine exited with status 2 before it answered on http://127.0.0.1:9/health" in err
     assert not (tmp_path / "store").exists()
 
 
-def test_a_stored_folder_stops_vllm_and_the_pod_completes(tmp_path, installed, capsys, key_env):
+def test_a_stored_folder_stops_vllm_and_the_pod_completes(tmp_path, installed, capsys, key_env, engines):
     serving = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(600)"
-    engine = _supervised(installed, sys.executable, "-c", serving)
+    engine = engines(installed, sys.executable, "-c", serving)
     folder = tmp_path / "vllm" / "neuron" / "compile_cache" / "0123"
     folder.mkdir(parents=True)
     (folder / "model.neff").write_text("neff")
@@ -83,8 +98,8 @@ def test_a_stored_folder_stops_vllm_and_the_pod_completes(tmp_path, installed, c
     assert engine.returncode == 0 and "stopped: its compiled folder is stored" in err
 
 
-def test_a_failed_store_stops_vllm_too(tmp_path, installed, capsys, key_env):
-    engine = _supervised(installed, sys.executable, "-c", "import time; time.sleep(600)")
+def test_a_failed_store_stops_vllm_too(tmp_path, installed, capsys, key_env, engines):
+    engine = engines(installed, sys.executable, "-c", "import time; time.sleep(600)")
     (tmp_path / "empty").mkdir()
     code = cli.main(["artifacts", "store", str(tmp_path / "empty"), "--store", str(tmp_path / "store"),
                      "--engine-dir", str(installed.parent)])
@@ -93,9 +108,9 @@ def test_a_failed_store_stops_vllm_too(tmp_path, installed, capsys, key_env):
     assert engine.returncode == 0  # the pod fails by the store container's status, and ends
 
 
-def test_sigterm_reaches_vllm(installed):
+def test_sigterm_reaches_vllm(installed, engines):
     """The kubelet's SIGTERM (the Job deleted, the node drained) is passed on: vLLM drains, its status is the pod's."""
-    engine = _supervised(installed, sys.executable, "-c", "import signal, sys, time; "
+    engine = engines(installed, sys.executable, "-c", "import signal, sys, time; "
                          "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); print('up', flush=True); "
                          "time.sleep(600)")
     assert engine.stdout.readline().strip() == "up"
@@ -124,6 +139,9 @@ def test_a_native_folder_without_a_neff_is_refused_naming_where_it_looked(tmp_pa
     compiled = tmp_path / "vllm"
     (compiled / "torch_compile_cache").mkdir(parents=True)
     (compiled / "torch_compile_cache" / "graph.py").write_text("# traced")
+    # the plugin's cache layout, its entry marked complete, but the NEFF written elsewhere
+    (compiled / "neuron" / "compile_cache" / "0123456789abcdef").mkdir(parents=True)
+    (compiled / "neuron" / "compile_cache" / "0123456789abcdef" / ".compilation_complete").write_text("")
     args = ["artifacts", "store", str(compiled), "--store", str(tmp_path / "store"), "--neff-in",
             "neuron/compile_cache", "--neff-in", "neuron-libtorch"]
     code = cli.main([*args, "--engine-dir", str(_engine(tmp_path / "neuron", True))])
