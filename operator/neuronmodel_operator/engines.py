@@ -12,6 +12,7 @@ from __future__ import annotations
 from neuronmodel_operator import devices
 from neuronmodel_operator.api import NeuronModelSpec, SpecError
 from neuronmodel_operator.images import VllmImage
+from neuronmodel_operator.vllm_native_keys import check_native_overrides
 
 _KV_LAYOUT = "the operator (the contiguous KV layout: prefix caching off, one KV block per sequence)"
 
@@ -80,6 +81,8 @@ def check_vllm_line(spec: NeuronModelSpec, image: VllmImage) -> None:
         set_by = "; ".join(f"{key} is set by {derived[key]}" for key in clash)
         raise SpecError(f"spec.neuronConfigOverrides: {set_by} with engine vllm on {image.families[0]}, through "
                         "vLLM's flags: remove the key; where a field is named, set that field instead")
+    if image.line == "native":  # keys its NeuronConfig reads (it drops the others silently)
+        check_native_overrides(spec.neuron_config_overrides, image.families[0])
     batching = spec.batching
     if image.line == "native" and batching.max_context_length < batching.max_batch_size:
         raise SpecError(f"spec.batching.maxContextLength ({batching.max_context_length}) must be at least "

@@ -200,7 +200,10 @@ class VllmImage:
 #: - native line on trn2 (and trn3, which devices.py has no instance types of yet): vLLM Neuron 0.29.0.1.2.0, SDK
 #:   2.33.0 (2026-10-19), the newest tag the research found; from SDK 2.34 the only stack AWS supports there. Ubuntu
 #:   26.04 / Python 3.14 inside; the host OS need not match. SDK 2.33 ships Neuron driver 2.31.7; the image's own
-#:   runtime version was not read (its Dockerfile was not in the sources).
+#:   runtime version was not read (its Dockerfile was not in the sources). UNVERIFIED: the tag is cited from the
+#:   SDK 2.33 docs only (RTD v2.33.0 setup/pytorch/update-dlc); the DLC repository read ends at SDK 2.32, whose
+#:   verifiable native image is 0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04 (vLLM 0.24, other flags' parser).
+#:   Nothing here pulled it or pinned its digest (docs/eks.md and the README say so).
 #: - NxDI line on inf2 and trn1: vLLM 0.16.0 on vllm-neuron release-0.5.3 and NxDI 0.10.18399 (SDK 2.31.1), the
 #:   last image with NxDI, which AWS keeps in maintenance on inf2/trn1. Its Neuron runtime is 2.33.10: Neuron driver
 #:   2.29 (SDK 2.31) requires runtime 2.33 or later, and runtime 2.32+ refuses drivers 2.26 and older, so run it on

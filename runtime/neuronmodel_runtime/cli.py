@@ -120,6 +120,13 @@ def _parser() -> argparse.ArgumentParser:
     ast.add_argument("--ready-url", metavar="URL", help="wait until it answers 200 before storing (the engine "
                      "compiles before it serves)")
     ast.add_argument("--ready-timeout-s", type=float, default=4 * 3600.0, help="how long to wait for --ready-url")
+    ast.add_argument("--engine-dir", metavar="DIR", help="the folder the engine's supervisor (`artifacts "
+                     "supervisor`) shares: stop waiting when the engine exits, and tell it to stop when done")
+    ast.add_argument("--neff-in", action="append", default=[], metavar="SUBFOLDER", help="refuse a FOLDER with no "
+                     "*.neff under any of these subfolders (vLLM Neuron's native line); repeatable")
+    asu = verbs.add_parser("supervisor", parents=[logs], help="copy the compile Job's engine supervisor (a python "
+                           "script of the standard library only) to PATH, for the engine's image to run")
+    asu.add_argument("path", metavar="PATH", help="where to write it (the pod's shared /tmp)")
     return parser
 
 
@@ -275,6 +282,8 @@ def _start(args: argparse.Namespace) -> Callable[[], int]:
     the work. Start-up failures raise; failures of the work itself are bugs, with their tracebacks."""
     if args.command == "fetch":  # no RuntimeConfig, no model: it downloads the model
         return functools.partial(_fetch, args.source, args.dest, args.revision)
+    if args.command == "artifacts" and args.verb == "supervisor":
+        return functools.partial(_supervisor, Path(args.path))
     if args.command == "artifacts":  # no RuntimeConfig: the engine's own folder and the store
         return functools.partial(_artifacts, args, handoff.key_from_env(os.environ))
     config = _config(args)
@@ -386,10 +395,21 @@ def _artifacts(args: argparse.Namespace, key: Any) -> int:
             summary = handoff.fetch(args.store, key, Path(args.folder), args.required)
         else:
             summary = handoff.store(args.store, key, Path(args.folder), args.policy, args.ready_url,
-                                    args.ready_timeout_s)
+                                    args.ready_timeout_s, Path(args.engine_dir) if args.engine_dir else None,
+                                    args.neff_in)
     except CacheError as exc:
         return _fail(exc)
     print(json.dumps(summary))
+    return 0
+
+
+def _supervisor(path: Path) -> int:
+    """`artifacts supervisor PATH`: artifacts/supervise.py's own source at PATH (its folder made)."""
+    from neuronmodel_runtime.artifacts import supervise
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(Path(supervise.__file__).read_text())
+    print(json.dumps({"supervisor": str(path)}))
     return 0
 
 

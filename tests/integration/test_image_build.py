@@ -401,7 +401,7 @@ def test_the_vllm_cpu_inputs_digest_reads_none_of_our_code(tmp_path, monkeypatch
             f.write("\n")
     assert build.inputs_digest(VLLM_CPU, wheels, "base1") == one
     assert build.inputs_digest("runtime-cpu", wheels, "base1") != runtime_cpu
-    with open(copy / "docker" / "vllm-entrypoint.sh", "a") as f:
+    with open(copy / "docker" / "vllm_entrypoint.py", "a") as f:
         f.write("\n")
     assert build.inputs_digest(VLLM_CPU, wheels, "base1") != one
 

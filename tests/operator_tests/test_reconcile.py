@@ -1010,7 +1010,8 @@ def test_an_engine_vllm_model_has_no_config_map_and_turns_ready(kube, reconcile)
     assert reconcile(NS, NAME, cleanup=True) == Outcome()
     assert kube.kinds() == ["Deployment", "Service"]
     container = kube.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert container["args"][:2] == ["vllm", "serve"] and "vllm-neuronx" in container["image"]
+    assert container["command"][:2] == ["vllm", "serve"] and "args" not in container
+    assert "vllm-neuronx" in container["image"]
     kube.statuses["Deployment", NAME] = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1,
                                          "availableReplicas": 1, "updatedReplicas": 1}
     labels = kube.one("Deployment")["spec"]["template"]["metadata"]["labels"]

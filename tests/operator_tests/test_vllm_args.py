@@ -43,9 +43,9 @@ PARSERS = _load("vllm_parsers")
 def _args(case: str) -> list[str]:
     """What follows `vllm serve` in the case's pod template, as the Deployment carries it."""
     (deployment,) = [c for c in golden.children(case) if c["kind"] == "Deployment"]
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:2] == ["vllm", "serve"]
-    return args[2:]
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["vllm", "serve"]
+    return command[2:]
 
 
 def _images():

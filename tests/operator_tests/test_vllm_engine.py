@@ -125,7 +125,21 @@ def test_overrides_of_what_the_flags_set_are_refused_per_line(base, key, field):
     with pytest.raises(SpecError, match=f"spec.neuronConfigOverrides: {key} is set by {field}") as refused:
         _resolve(_spec(base, neuronConfigOverrides={key: 1}))
     assert str(refused.value).endswith("remove the key; where a field is named, set that field instead")
-    _resolve(_spec(base, neuronConfigOverrides={"fused_qkv": True}))  # anything else goes through
+    other = "fused_qkv" if base is INF2 else "num_seqs_buckets"
+    _resolve(_spec(base, neuronConfigOverrides={other: True}))  # the line's other keys go through
+
+
+@pytest.mark.parametrize("key", ["fused_qkv", "enable_bucketing", "num_seq_buckets"])
+def test_the_native_line_refuses_keys_its_neuron_config_drops(key):
+    """vllm_neuron's NeuronConfig.from_dict reads a fixed list of keys and drops any other silently: an NxDI keyword
+    or a typo would compile as if it were not there."""
+    with pytest.raises(SpecError, match=f"spec.neuronConfigOverrides: {key} is not a key of vLLM Neuron's native "
+                                        "NeuronConfig \\(engine vllm on trn2\\)") as refused:
+        _resolve(_spec(TRN2, neuronConfigOverrides={key: True, "ep_degree": 2}))
+    assert "remove it; the keys it reads are " in str(refused.value)
+    assert "num_seqs_buckets" in str(refused.value) and "enable_structured_outputs" in str(refused.value)
+    _resolve(_spec(INF2, neuronConfigOverrides={key: True}))  # the NxDI line's NeuronConfig takes any keyword
+    _resolve(_spec(TRN2, neuronConfigOverrides={"enable_structured_outputs": True, "num_seqs_buckets": [1, 8]}))
 
 
 def test_the_native_line_needs_a_longest_prompt_of_at_least_the_batch():
@@ -195,10 +209,12 @@ def test_the_children_have_no_config_map_and_the_pod_mounts_none():
     assert "/etc/neuronmodel" not in [m["mountPath"] for m in spec["containers"][0]["volumeMounts"]]
 
 
-def test_the_container_runs_vllm_serve_from_its_args_in_a_writable_directory():
+def test_the_container_runs_vllm_serve_as_its_command_in_a_writable_directory():
+    """The command, never args: the DLC's ENTRYPOINT (python vllm_entrypoint.py, subprocess.check_call of its args)
+    would be PID 1 without a SIGTERM handler, so vLLM would never get the kubelet's SIGTERM and never drain."""
     t = _target(TRN2)
     container = _container(t)
-    assert "command" not in container and container["args"][:3] == ["vllm", "serve", "/mnt/model/llama"]
+    assert "args" not in container and container["command"][:3] == ["vllm", "serve", "/mnt/model/llama"]
     assert container["image"] == images.vllm_image_for("trn2").ref
     mounts = [m["mountPath"] for m in container["volumeMounts"]]
     assert container["workingDir"] in mounts and vllm.VLLM_CACHE_ROOT.startswith(pod.CACHE_DIR + "/")
@@ -224,6 +240,19 @@ def test_the_environment():
     nxdi = _env(_target(INF2))
     assert nxdi["NEURON_COMPILED_ARTIFACTS"].startswith(pod.CACHE_DIR + "/")
     assert "NEURON_LOGICAL_NC_CONFIG" not in nxdi and "VLLM_API_KEY" not in nxdi
+    assert nxdi["NEURON_COMPILE_CACHE_URL"] == pod.NEURON_COMPILE_CACHE  # libneuronxla's, NxDI's compiler
+
+
+def test_the_native_line_keeps_its_graphs_and_waits_under_both_names():
+    """The native compile library may cache its NEFFs under NEURON_LIBTORCH_CACHE_ROOT (default under HOME) rather
+    than VLLM_CACHE_ROOT/neuron/compile_cache: both are inside the folder the store hands out; its compile timeout
+    has the plugin's name and the library's."""
+    env = _env(_target(TRN2))
+    assert env["NEURON_LIBTORCH_CACHE_ROOT"].startswith(env["VLLM_CACHE_ROOT"] + "/")
+    assert env["NEURON_LIBTORCH_CACHE_ROOT"] == f"{vllm.VLLM_CACHE_ROOT}/{vllm.NATIVE_GRAPH_FOLDERS[1]}"
+    assert env["VLLM_NEURON_COMPILATION_TIMEOUT"] == env["NEURON_LIBTORCH_COMPILATION_TIMEOUT"] == str(
+        pod.BUDGET_COMPILE_IN_POD_S)
+    assert "NEURON_COMPILE_CACHE_URL" not in env  # libneuronxla's: unused on the native line
 
 
 def test_downloads_run_our_runtime_image():
@@ -231,13 +260,13 @@ def test_downloads_run_our_runtime_image():
     (fetch,) = builders.deployment(t)["spec"]["template"]["spec"]["initContainers"]
     assert fetch["image"] == t.resolved.fetch_image != t.resolved.image
     assert fetch["command"][:2] == ["neuronmodel-runtime", "fetch"]
-    assert _container(t)["args"][2] == "/models/model"
+    assert _container(t)["command"][2] == "/models/model"
 
 
 def test_the_nxdi_lines_translation():
     t = _target(INF2, batching={"maxBatchSize": 4, "maxContextLength": 700, "maxSeqLen": 2048},
                 model={"source": "pvc://models/llama", "dtype": "bfloat16"}, neuronConfigOverrides={"fused_qkv": True})
-    args = vllm.serve_args(t)
+    args = vllm.serve_command(t)
     assert _flag(args, "--num-gpu-blocks-override") == "4" and "--no-enable-prefix-caching" in args
     assert "--block-size" not in args and "--max-num-batched-tokens" not in args
     assert _flag(args, "--dtype") == "bfloat16"
@@ -255,13 +284,13 @@ def test_the_nxdi_lines_translation():
 def test_the_native_lines_translation():
     t = _target(TRN2, batching={"maxBatchSize": 2, "maxContextLength": 512, "maxSeqLen": 1000},
                 sampling={"globalTopK": 50})
-    args = vllm.serve_args(t)
+    args = vllm.serve_command(t)
     assert _flag(args, "--max-num-batched-tokens") == "512" and _flag(args, "--block-size") == "32"
     assert _flag(args, "--num-gpu-blocks-override") == str(2 * 32 + 1)  # ceil(1000 / 32) each, and the null block
     assert "--no-async-scheduling" not in args and "--dtype" not in args
     assert json.loads(_flag(args, "--additional-config")) == {
         "neuron_config": {"on_device_sampling_config": {"max_top_k": 50}}}
-    host = vllm.serve_args(_target(TRN2, sampling={"onDevice": False}))
+    host = vllm.serve_command(_target(TRN2, sampling={"onDevice": False}))
     assert "--no-async-scheduling" in host  # async execution needs on-device sampling
     assert json.loads(_flag(host, "--additional-config")) == {"neuron_config": {"on_device_sampling_config": None}}
 
@@ -270,10 +299,10 @@ def test_the_native_lines_translation():
 def test_eagle_is_the_lines_method_with_the_drafts_local_path(base, method):
     t = _target(base, speculation={"mode": "eagle", "numSpeculativeTokens": 5,
                                    "draftModel": {"source": "hf://org/eagle-draft"}})
-    args = vllm.serve_args(t)
+    args = vllm.serve_command(t)
     assert json.loads(_flag(args, "--speculative-config")) == {"method": method, "model": "/models/draft",
                                                                "num_speculative_tokens": 5}
-    assert vllm.speculative_config(_target(base)) is None and "--speculative-config" not in vllm.serve_args(
+    assert vllm.speculative_config(_target(base)) is None and "--speculative-config" not in vllm.serve_command(
         _target(base))
     if method == "eagle3":  # the draft's lookahead is in the pinned KV blocks
         assert _flag(args, "--num-gpu-blocks-override") == str(8 * 65 + 1)
@@ -284,7 +313,7 @@ def test_an_eagle3_draft_on_the_nxdi_line_is_compiled_as_eagle3():
     EAGLE3, or NxDI builds the EAGLE-1 draft graph (hidden_size * 2 inputs instead of * 3)."""
     def neuron_config(base: dict, eagle3) -> dict:
         draft = {"source": "hf://org/eagle-draft", **({} if eagle3 is None else {"eagle3": eagle3})}
-        args = vllm.serve_args(_target(base, speculation={"mode": "eagle", "draftModel": draft}))
+        args = vllm.serve_command(_target(base, speculation={"mode": "eagle", "draftModel": draft}))
         return json.loads(_flag(args, "--additional-config"))
     assert neuron_config(INF2, True)["override_neuron_config"]["is_eagle3"] is True
     assert "is_eagle3" not in neuron_config(INF2, None)["override_neuron_config"]  # an EAGLE (v1) draft
@@ -302,11 +331,11 @@ def test_an_eagle3_draft_on_the_nxdi_line_is_compiled_as_eagle3():
 
 
 def test_the_served_name_host_and_port():
-    args = vllm.serve_args(_target(TRN2, server={"port": 9000}, model={"source": "pvc://m/x",
+    args = vllm.serve_command(_target(TRN2, server={"port": 9000}, model={"source": "pvc://m/x",
                                                                        "servedModelName": "x"}))
     assert (_flag(args, "--served-model-name"), _flag(args, "--host"), _flag(args, "--port")) == ("x", "0.0.0.0",
                                                                                                  "9000")
-    assert _flag(vllm.serve_args(_target(TRN2)), "--served-model-name") == "m"  # the NeuronModel's name
+    assert _flag(vllm.serve_command(_target(TRN2)), "--served-model-name") == "m"  # the NeuronModel's name
 
 
 def test_autoscaling_scales_on_vllms_own_queue_metric():
@@ -350,7 +379,7 @@ def test_the_compile_key_is_the_digest_of_what_the_pods_compile_with():
     inputs = vllm.key_inputs(t)
     assert t.resolved.compile_key == keys.digest(inputs)
     assert inputs["flags"] == vllm_flags.shape_args(t.spec, "native")  # the flags as the pods get them
-    assert inputs["flags"] == vllm.serve_args(t)[9:]
+    assert inputs["flags"] == vllm.serve_command(t)[9:]
     assert (inputs["vllm"], inputs["plugin"], inputs["sdk"], inputs["target"], inputs["logicalCoreConfig"]) == \
         ("0.29.0", "0.29.0.1.2.0", "2.33.0", "trn2", 2)
     template = builders.deployment(t)["spec"]["template"]
@@ -418,31 +447,42 @@ def test_serving_pods_fetch_the_entry_and_never_compile():
 
 
 @pytest.mark.parametrize("policy", ["IfNotCached", "Always"])
-def test_the_compile_job_runs_vllm_as_a_sidecar_and_stores_what_it_compiled(policy):
+def test_the_compile_jobs_vllm_is_a_container_whose_exit_fails_the_pod(policy):
+    """Never a restartable sidecar (an init container with restartPolicy Always): the kubelet restarts those whatever
+    the pod's restartPolicy, so a vLLM that always fails would crash-loop until the Job's deadline, uncounted."""
     t = _target(CACHED, compileCache={"url": "pvc://neuron-cache/vllm", "policy": policy})
     (job,) = builders.compile_children(t)  # no ConfigMap: vLLM reads none
     assert job["kind"] == "Job" and job["metadata"]["annotations"]["neuronmodel.dev/compile-key"] == \
         t.resolved.compile_key
     spec = job["spec"]["template"]["spec"]
     inits = _inits(job["spec"]["template"])
-    sidecar = inits["runtime"]
-    assert list(inits)[-1] == "runtime" and sidecar["restartPolicy"] == "Always"
-    assert sidecar["args"] == vllm.serve_args(t)  # exactly the serving pods' vllm serve
-    assert sidecar["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    assert sidecar["startupProbe"]["periodSeconds"] * sidecar["startupProbe"]["failureThreshold"] == \
-        pod.BUDGET_COMPILE_IN_POD_S
-    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert not [c["name"] for c in spec["initContainers"] + spec["containers"] if "restartPolicy" in c]
+    assert spec["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 4
+    engine, store = spec["containers"]
+    assert engine["name"] == "runtime" and engine["image"] == t.resolved.image
+    # exactly the serving pods' vllm serve, under the supervisor that the init container before it installs
+    assert engine["command"] == ["python", vllm.SUPERVISOR, vllm.HANDOFF_DIR, "--", *vllm.serve_command(t)]
+    assert list(inits)[-1] == "install-supervisor" and inits["install-supervisor"]["command"] == [
+        "neuronmodel-runtime", "artifacts", "supervisor", vllm.SUPERVISOR]
+    assert vllm.HANDOFF_DIR.startswith("/tmp/")  # the tmp emptyDir, which all three mount
+    for container in (engine, store, inits["install-supervisor"]):
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert engine["terminationMessagePolicy"] == "FallbackToLogsOnError"  # vLLM's last lines say why it exited
+    assert "startupProbe" not in engine and "ports" not in engine
+    env = {e["name"]: e.get("value") for e in engine["env"]}
     assert "VLLM_NEURON_DISABLE_WARMUP_COMPILE" not in env and env["VLLM_ENGINE_READY_TIMEOUT_S"] == str(
         pod.BUDGET_COMPILE_IN_POD_S)
     assert ("fetch-artifacts" in inits) == (policy == "IfNotCached")  # a hit starts it warm; Always recompiles
     if policy == "IfNotCached":
         assert "--required" not in inits["fetch-artifacts"]["command"]
-    (store,) = spec["containers"]
     assert store["name"] == "store-artifacts" and store["command"] == [
         "neuronmodel-runtime", "artifacts", "store", vllm.VLLM_CACHE_ROOT, "--store", "/mnt/compile-cache/vllm",
-        "--policy", policy, "--ready-url", "http://127.0.0.1:8000/health"]
-    assert spec["restartPolicy"] == "Never"
-    assert sidecar["resources"] == _container(t)["resources"]  # the NeuronCores are vLLM's
+        "--policy", policy, "--ready-url", "http://127.0.0.1:8000/health", "--engine-dir", vllm.HANDOFF_DIR,
+        "--neff-in", "neuron/compile_cache", "--neff-in", "neuron-libtorch"]
+    assert engine["resources"] == _container(t)["resources"]  # the NeuronCores are vLLM's
+    nxdi = _target(INF2, compileCache={"url": "pvc://neuron-cache/vllm"})
+    (job,) = builders.compile_children(nxdi)
+    assert "--neff-in" not in job["spec"]["template"]["spec"]["containers"][1]["command"]  # NxDI: another layout
 
 
 def test_a_serving_pod_whose_entry_is_missing_fails_with_the_key():
@@ -473,7 +513,7 @@ def test_the_jobs_vllm_and_the_serving_pods_have_one_environment_but_the_no_comp
     replicas a cache they miss."""
     t = _target(CACHED)
     (job,) = builders.compile_children(t)
-    compiling = {e["name"]: e.get("value") for e in _inits(job["spec"]["template"])["runtime"]["env"]}
+    compiling = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     serving = {e["name"]: e.get("value") for e in _container(t)["env"]}
     assert serving.pop("VLLM_NEURON_DISABLE_WARMUP_COMPILE") == "1"  # the plugin's variable, not vLLM's
     assert compiling == serving

@@ -55,7 +55,8 @@ def compile_name(target: Target) -> str:
 def compile_job(target: Target) -> dict[str, Any]:
     """`compile_name`: `neuronmodel-runtime compile` with the compile ConfigMap, on the same instance type,
     resources and volumes as the serving pods (compiles target that instance family); engine vllm: vLLM compiling
-    as a sidecar and `store-artifacts` storing what it compiled (vllm.py)."""
+    under its supervisor beside `store-artifacts`, which stores what it compiled (vllm.py): a vLLM that exits fails
+    the pod, a retry of the Job's backoffLimit."""
     return _job(target, compile_name(target))
 
 

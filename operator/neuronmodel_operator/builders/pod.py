@@ -12,11 +12,12 @@ Sizing (`sizing.py`): the runtime container requests its share of the node's CPU
 storage its emptyDirs may fill, each emptyDir has a sizeLimit, and spec.resources overrides any of these requests.
 Serving pods spread over nodes and zones (`topology_spread`).
 
-Engine vllm (spec.engine) changes the containers only: AWS's vLLM Neuron image running `vllm serve` with the spec
-as vLLM's flags and environment (`vllm.py`), probed on /health (vLLM has no /ready), and no RuntimeConfig volume;
-its download init containers, and with a compile cache the ones that hand vLLM's compiled folder in and out of the
-store (`fetch-artifacts`, and the compile Job's `store-artifacts` beside vLLM as a sidecar), run our runtime image
-(Resolved.fetch_image). Everything else is shared.
+Engine vllm (spec.engine) changes the containers only: AWS's vLLM Neuron image running `vllm serve` as its command
+(PID 1, so SIGTERM drains it) with the spec as vLLM's flags and environment (`vllm.py`), probed on /health (vLLM has
+no /ready), and no RuntimeConfig volume; its download init containers, and with a compile cache the ones that hand
+vLLM's compiled folder in and out of the store (`fetch-artifacts`, and in the compile Job `install-supervisor` and
+`store-artifacts`, beside vLLM under its supervisor), run our runtime image (Resolved.fetch_image). Everything else
+is shared.
 """
 
 from __future__ import annotations
@@ -264,22 +265,17 @@ def topology_spread(target: Target) -> list[dict[str, Any]]:
             for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
 
 
-def _vllm_compiles(target: Target, role: Role) -> bool:
-    """The compile Job's vLLM: a sidecar that compiles, probed until it is up (then store-artifacts runs)."""
-    return target.runs_vllm and role == "compile"
-
-
 def _container(target: Target, command: Sequence[str], role: Role, mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The `runtime` container; probes and the http port on serving pods only (role "serve"). Engine vllm: the
-    image's entrypoint runs `vllm serve` from the args (`command` unused), in a writable working directory; in the
-    compile Job it is a sidecar with a startupProbe sized for a compile, which holds `store-artifacts` back until
-    vLLM is up."""
+    """The `runtime` container; probes and the http port on serving pods only (role "serve"). Engine vllm: `vllm
+    serve` is the command (`command` unused), in a writable working directory; in the compile Job under its
+    supervisor (`vllm.compile_command`)."""
     out: dict[str, Any] = {"name": CONTAINER_NAME, "image": target.resolved.image}
     if target.runs_vllm:
-        out.update(args=vllm.serve_args(target), workingDir=vllm.WORKING_DIR)
+        vllm_command = vllm.compile_command(target) if role == "compile" else vllm.serve_command(target)
+        out.update(command=vllm_command, workingDir=vllm.WORKING_DIR)
     else:
         out["command"] = list(command)
-    if role == "serve" or _vllm_compiles(target, role):
+    if role == "serve":
         out["ports"] = [{"name": api.SERVER_PORT_NAME, "containerPort": target.spec.server.port, "protocol": "TCP"}]
     if role == "serve" and target.multi_node:  # where the group's ranks meet (torch.distributed's rendezvous)
         out["ports"].append({"name": GROUP_PORT_NAME, "containerPort": runtime_env.DEFAULT_GROUP_PORT,
@@ -288,10 +284,6 @@ def _container(target: Target, command: Sequence[str], role: Role, mounts: list[
     out["resources"] = runtime_resources(target, role)
     if role == "serve":
         out.update(probes(target))
-    if _vllm_compiles(target, role):
-        out["restartPolicy"] = "Always"
-        out["startupProbe"] = {**_http_get("/health"), "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 5,
-                               "failureThreshold": BUDGET_COMPILE_IN_POD_S // STARTUP_PERIOD_S}
     out["securityContext"] = security_context()
     # the status code reads why the runtime exited from the termination message, or its log's tail when it wrote none
     out["terminationMessagePolicy"] = "FallbackToLogsOnError"
@@ -350,8 +342,9 @@ def _vllm_artifacts(target: Target, role: Role, inits: list[dict[str, Any]],
                     containers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(init containers, containers) of an engine vllm pod with a compile cache: serving pods fetch the entry first
     (`--required`: a miss fails the pod, naming the key); the compile Job fetches it unless its policy is Always (a
-    hit starts vLLM warm), runs vLLM as a sidecar and stores its folder with `store-artifacts`, its only container.
-    vLLM itself never mounts the compile cache."""
+    hit starts vLLM warm), installs vLLM's supervisor, then runs vLLM under it beside `store-artifacts`, which stores
+    its folder and stops it (a vLLM that exits fails the pod: never a restartable sidecar, whose crash loop the Job
+    would never count). vLLM itself never mounts the compile cache."""
     for container in containers:
         container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "compile-cache"]
     if role != "compile":
@@ -360,8 +353,10 @@ def _vllm_artifacts(target: Target, role: Role, inits: list[dict[str, Any]],
     if target.spec.compile_cache.policy != "Always":
         inits = [*inits, _artifacts_container(target, vllm.FETCH_ARTIFACTS, vllm.fetch_artifacts_command(target,
                                                                                                           False))]
+    supervisor = {**_artifacts_container(target, vllm.INSTALL_SUPERVISOR, vllm.install_supervisor_command()),
+                  "env": [{"name": "HOME", "value": "/tmp"}], "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}
     store = _artifacts_container(target, vllm.STORE_ARTIFACTS, vllm.store_artifacts_command(target))
-    return [*inits, *containers], [store]
+    return [*inits, supervisor], [*containers, store]
 
 
 def pod_template(target: Target, role: Role, config_map: Optional[str],

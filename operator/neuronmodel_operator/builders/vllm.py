@@ -1,9 +1,11 @@
 """The containers of an engine vllm pod: `vllm serve` with the spec as vLLM's own flags (vllm_flags.py), its
 environment, and our runtime's containers that hand vLLM's compiled artifacts in and out of the store. Pure.
 
-AWS's vLLM Neuron image (images.VLLM_IMAGES) runs its container args as the command (DLC common/vllm_entrypoint.py),
-so the args are the whole `vllm serve <model> ...` line; the model and the draft are the local paths sources.py
-places them at (the fetch init container downloads hf:// and s3://).
+`vllm serve ...` is the container's command, never args to the image's ENTRYPOINT: AWS's vLLM Neuron images run their
+args under `python vllm_entrypoint.py` (DLC common/vllm_entrypoint.py, `subprocess.check_call(sys.argv[1:])`), which
+as PID 1 with no SIGTERM handler ignores the kubelet's SIGTERM, so vLLM would never drain and every stop would wait
+out the grace period. As PID 1 itself, vLLM gets SIGTERM and finishes its in-flight requests. The model and the
+draft are the local paths sources.py places them at (the fetch init container downloads hf:// and s3://).
 
 With a compile cache (spec.compileCache.url), vLLM's compile folder is handed through our store, named by the
 compile key (vllm_flags.key_inputs, the status' compileKey), by our runtime image (`neuronmodel-runtime artifacts`,
@@ -12,10 +14,12 @@ artifacts/handoff.py):
   VLLM_CACHE_ROOT, the NxDI line's NEURON_COMPILED_ARTIFACTS) with `--required`: a miss fails the pod at once with
   a message naming the key (status ArtifactsMissing); and the native line runs with
   VLLM_NEURON_DISABLE_WARMUP_COMPILE=1, so a graph missing from the entry is an error too, never an in-pod compile;
-- the compile Job (job.py): the same `vllm serve` as a sidecar (an init container with restartPolicy Always, whose
-  startupProbe holds the next container until vLLM is up, that is compiled), after a `fetch-artifacts` without
-  `--required` (a hit starts it warm; skipped under policy Always), and the Job's container `store-artifacts`,
-  which stores the folder under the key and exits: the Job completes and the kubelet stops vLLM.
+- the compile Job (job.py): after a `fetch-artifacts` without `--required` (a hit starts it warm; skipped under
+  policy Always) and `install-supervisor`, which copies artifacts/supervise.py into the pod's /tmp, two containers:
+  vLLM, run by that supervisor with the image's python, and `store-artifacts`, which waits for vLLM's /health (it
+  compiles before it serves), stores the folder under the key and tells the supervisor to stop vLLM. A vLLM that
+  exits on its own fails the pod at once (its last log lines are the termination message) and `store-artifacts`
+  with it, so the Job counts a failure and retries under its backoffLimit; never a crash loop until the deadline.
 """
 
 from __future__ import annotations
@@ -36,6 +40,15 @@ VLLM_CACHE_ROOT = "/var/cache/neuronmodel/vllm"
 NXDI_ARTIFACTS = "/var/cache/neuronmodel/neuron-compiled-artifacts"
 WORKING_DIR = "/tmp"
 FETCH_ARTIFACTS = "fetch-artifacts"
+#: The compile Job's folder shared by vLLM's supervisor and `store-artifacts` (on the tmp emptyDir), and the
+#: supervisor's path there (artifacts/supervise.py).
+HANDOFF_DIR = "/tmp/neuronmodel-engine"
+SUPERVISOR = f"{HANDOFF_DIR}/supervise.py"
+INSTALL_SUPERVISOR = "install-supervisor"
+#: The native line's compile library (libtorch-neuronx-lite) caches its graphs under NEURON_LIBTORCH_CACHE_ROOT
+#: (default under HOME) where the 2.32 docs put them under VLLM_CACHE_ROOT/neuron/compile_cache: both under the
+#: folder the store hands out, and `store-artifacts` refuses a folder with no *.neff in either.
+NATIVE_GRAPH_FOLDERS = ("neuron/compile_cache", "neuron-libtorch")
 #: How long vLLM may take to compile (pod.BUDGET_COMPILE_IN_POD_S: large models compile for hours).
 COMPILE_BUDGET_S = 4 * 60 * 60
 STORE_ARTIFACTS = "store-artifacts"
@@ -68,16 +81,21 @@ def speculative_config(target: Target) -> Optional[dict[str, Any]]:
     return {**found, "model": draft.path}
 
 
-def serve_args(target: Target) -> list[str]:
-    """The container's args: `vllm serve <model path>` and its flags."""
+def serve_command(target: Target) -> list[str]:
+    """The container's command: `vllm serve <model path>` and its flags."""
     spec = target.spec
-    args = ["vllm", "serve", sources.model_mount(spec).path,
-            "--served-model-name", spec.model.served_model_name or target.name,
-            "--host", "0.0.0.0", "--port", str(spec.server.port),
-            *vllm_flags.shape_args(spec, line_of(target).line)]
+    command = ["vllm", "serve", sources.model_mount(spec).path,
+               "--served-model-name", spec.model.served_model_name or target.name,
+               "--host", "0.0.0.0", "--port", str(spec.server.port),
+               *vllm_flags.shape_args(spec, line_of(target).line)]
     if (speculative := speculative_config(target)) is not None:
-        args += ["--speculative-config", vllm_flags.as_json(speculative)]
-    return args
+        command += ["--speculative-config", vllm_flags.as_json(speculative)]
+    return command
+
+
+def compile_command(target: Target) -> list[str]:
+    """The compile Job's vLLM container command: `vllm serve` under the supervisor, with the image's python."""
+    return ["python", SUPERVISOR, HANDOFF_DIR, "--", *serve_command(target)]
 
 
 def env(target: Target, role: str) -> list[dict[str, Any]]:
@@ -103,16 +121,20 @@ def env(target: Target, role: str) -> list[dict[str, Any]]:
             {"name": "HF_HUB_OFFLINE", "value": "1"},
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
             {"name": "VLLM_CACHE_ROOT", "value": VLLM_CACHE_ROOT},
-            {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(COMPILE_BUDGET_S)},
-            {"name": runtime_env.NEURON_COMPILE_CACHE_URL, "value": "/var/tmp/neuron-compile-cache"}]
+            {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(COMPILE_BUDGET_S)}]
     if line == "nxdi":
         # the plugin loads the compiled model from here, else compiles and saves it here; unset, it would write
-        # next to the model, on a read-only mount
-        out.append({"name": runtime_env.COMPILED_ARTIFACTS, "value": NXDI_ARTIFACTS})
+        # next to the model, on a read-only mount. NxDI compiles through libneuronxla, whose cache the URL places.
+        out += [{"name": runtime_env.COMPILED_ARTIFACTS, "value": NXDI_ARTIFACTS},
+                {"name": runtime_env.NEURON_COMPILE_CACHE_URL, "value": "/var/tmp/neuron-compile-cache"}]
     else:
-        # the SDK's deployment guide: without EFA the server does not start unless told; these pods request no EFA
+        # the SDK's deployment guide: without EFA the server does not start unless told; these pods request no EFA.
+        # The compile timeout under both its names: the plugin's (the tutorials') and the compile library's (the
+        # 2.32 reference), in case one is no longer read.
         out += [{"name": "NEURON_SKIP_EFA_AFFINITY", "value": "1"},
-                {"name": "VLLM_NEURON_COMPILATION_TIMEOUT", "value": str(COMPILE_BUDGET_S)}]
+                {"name": "NEURON_LIBTORCH_CACHE_ROOT", "value": f"{VLLM_CACHE_ROOT}/{NATIVE_GRAPH_FOLDERS[1]}"},
+                {"name": "VLLM_NEURON_COMPILATION_TIMEOUT", "value": str(COMPILE_BUDGET_S)},
+                {"name": "NEURON_LIBTORCH_COMPILATION_TIMEOUT", "value": str(COMPILE_BUDGET_S)}]
         if role == "serve" and target.spec.compile_cache.url is not None:
             out.append({"name": "VLLM_NEURON_DISABLE_WARMUP_COMPILE", "value": "1"})
     return out
@@ -131,13 +153,23 @@ def fetch_artifacts_command(target: Target, required: bool) -> list[str]:
 
 
 def store_artifacts_command(target: Target) -> list[str]:
-    """`neuronmodel-runtime artifacts store` of vLLM's compiled folder, once vLLM answers on its health URL."""
+    """`neuronmodel-runtime artifacts store` of vLLM's compiled folder, once vLLM answers on its health URL (or
+    until its supervisor says it exited); on the native line, only a folder with a NEFF in it."""
     cache = sources.compile_cache_mount(target.spec)
-    return ["neuronmodel-runtime", "artifacts", "store", compiled_folder(target), "--store", cache.path,
-            "--policy", target.spec.compile_cache.policy,
-            "--ready-url", f"http://127.0.0.1:{target.spec.server.port}/health"]
+    command = ["neuronmodel-runtime", "artifacts", "store", compiled_folder(target), "--store", cache.path,
+               "--policy", target.spec.compile_cache.policy,
+               "--ready-url", f"http://127.0.0.1:{target.spec.server.port}/health", "--engine-dir", HANDOFF_DIR]
+    if line_of(target).line == "native":
+        command += [arg for folder in NATIVE_GRAPH_FOLDERS for arg in ("--neff-in", folder)]
+    return command
 
 
-__all__ = ["FETCH_ARTIFACTS", "NXDI_ARTIFACTS", "STORE_ARTIFACTS", "VLLM_CACHE_ROOT", "WORKING_DIR",
-           "compiled_folder", "env", "fetch_artifacts_command", "key_env", "key_inputs", "line_of", "serve_args",
-           "speculative_config", "store_artifacts_command"]
+def install_supervisor_command() -> list[str]:
+    """`neuronmodel-runtime artifacts supervisor`: the supervisor's script into the pod's /tmp."""
+    return ["neuronmodel-runtime", "artifacts", "supervisor", SUPERVISOR]
+
+
+__all__ = ["FETCH_ARTIFACTS", "HANDOFF_DIR", "INSTALL_SUPERVISOR", "NATIVE_GRAPH_FOLDERS", "NXDI_ARTIFACTS",
+           "STORE_ARTIFACTS", "SUPERVISOR", "VLLM_CACHE_ROOT", "WORKING_DIR", "compile_command", "compiled_folder",
+           "env", "fetch_artifacts_command", "install_supervisor_command", "key_env", "key_inputs", "line_of",
+           "serve_command", "speculative_config", "store_artifacts_command"]

