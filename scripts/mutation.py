@@ -261,12 +261,12 @@ MUTATIONS = [
     Mutation(
         "reconcile: a kind switch under autoscaling starts the new workload at 1 and switches once 1 is ready",
         "reconcile.py",
-        "            self._match_replicas(desired, live, live[_kind(leaving)])\n", "            pass\n",
+        "            match_replicas(self.kube, desired, live, live[_kind(leaving)])\n", "            pass\n",
         RECONCILE, OPERATOR,
     ),
     Mutation(
         "reconcile: replicas -> autoscaling without the hand-over (the Deployment resets to 1)", "reconcile.py",
-        "        self._hand_over_replicas(desired, live)\n", "",
+        "        hand_over_replicas(self.kube, desired, live)\n", "",
         RECONCILE, OPERATOR,
     ),
     Mutation(
@@ -275,8 +275,8 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
-        "reconcile: a runtime ConfigMap deleted while an old ReplicaSet still uses it", "reconcile.py",
-        "                    if (kind, meta[\"name\"]) in in_use:\n                        continue\n", "",
+        "reconcile: a runtime ConfigMap deleted while an old ReplicaSet still uses it", "stale_children.py",
+        "                if (kind, meta[\"name\"]) in in_use:\n                    continue\n", "",
         RECONCILE, OPERATOR,
     ),
     Mutation(
