@@ -577,7 +577,7 @@ MUTATIONS += [
     ),
     Mutation(
         "vllm: ArtifactsMissing read from the main containers only (the init container's reason is lost)",
-        "status.py", '(status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):\n'
+        "serving_pods.py", '(status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):\n'
         '            for state in', '(status.get("containerStatuses") or []):\n            for state in', VLLM_ENGINE,
         package=OPERATOR,
     ),
