@@ -634,7 +634,7 @@ MUTATIONS += [
     ),
     Mutation(
         "pre-sharded weights: the rank left out of the shard's key (every rank loads rank 0's)",
-        "runners/torch_reference.py",
+        "runners/torch_weights.py",
         '"tensor_parallel": {"degree": world, "rank": rank, "layout": TP_LAYOUT}}',
         '"tensor_parallel": {"degree": world, "layout": TP_LAYOUT}}',
         SHARDED,
