@@ -262,12 +262,12 @@ MUTATIONS = [
     Mutation(
         "reconcile: a kind switch under autoscaling starts the new workload at 1 and switches once 1 is ready",
         "reconcile.py",
-        "            self._match_replicas(desired, live, live[_kind(leaving)])\n", "            pass\n",
+        "            match_replicas(self.kube, desired, live, live[_kind(leaving)])\n", "            pass\n",
         RECONCILE, OPERATOR,
     ),
     Mutation(
         "reconcile: replicas -> autoscaling without the hand-over (the Deployment resets to 1)", "reconcile.py",
-        "        self._hand_over_replicas(desired, live)\n", "",
+        "        hand_over_replicas(self.kube, desired, live)\n", "",
         RECONCILE, OPERATOR,
     ),
     Mutation(
@@ -276,8 +276,8 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
-        "reconcile: a runtime ConfigMap deleted while an old ReplicaSet still uses it", "reconcile.py",
-        "                    if (kind, meta[\"name\"]) in in_use:\n                        continue\n", "",
+        "reconcile: a runtime ConfigMap deleted while an old ReplicaSet still uses it", "stale_children.py",
+        "                if (kind, meta[\"name\"]) in in_use:\n                    continue\n", "",
         RECONCILE, OPERATOR,
     ),
     Mutation(
@@ -613,7 +613,7 @@ MUTATIONS += [
     ),
     Mutation(
         "vllm: ArtifactsMissing read from the main containers only (the init container's reason is lost)",
-        "status.py", '(status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):\n'
+        "serving_pods.py", '(status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):\n'
         '            for state in', '(status.get("containerStatuses") or []):\n            for state in', VLLM_ENGINE,
         package=OPERATOR,
     ),
@@ -671,7 +671,7 @@ MUTATIONS += [
     ),
     Mutation(
         "pre-sharded weights: the rank left out of the shard's key (every rank loads rank 0's)",
-        "runners/torch_reference.py",
+        "runners/torch_weights.py",
         '"tensor_parallel": {"degree": world, "rank": rank, "layout": TP_LAYOUT}}',
         '"tensor_parallel": {"degree": world, "layout": TP_LAYOUT}}',
         SHARDED,

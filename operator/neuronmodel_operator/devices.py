@@ -124,6 +124,11 @@ NODE_RESERVED_CPU_M = 1000
 NODE_RESERVED_MEMORY_GIB = 2
 NODE_RESERVED_SHARE = 0.04  # of the vCPUs and of the RAM, on top
 
+#: The largest global top-k Neuron's on-device sampler takes (vllm-neuron's `_MAX_NEURON_SAMPLING_TOP_K`, "NEURON has
+#: an upper limit on the top_k"); the runtime refuses more at start (runners/device_sampling.py, MAX_DEVICE_TOP_K), the
+#: CRD at admission. The host sampler (sampling.onDevice false) and the reference runner have no such limit.
+MAX_DEVICE_TOP_K = 256
+
 #: Prefixes of instance types that are Neuron instances (a type with one of them must be in INSTANCE_TYPES).
 NEURON_PREFIXES = ("inf2.", "trn1.", "trn1n.", "trn2.", "trn2u.")
 

@@ -3,8 +3,8 @@
 neuronmodel (the default) runs our runtime. vllm runs vLLM Neuron's own `vllm serve` from AWS's image of the
 instance family (images.VLLM_IMAGES: the native plugin on trn2, the NxDI-based one on inf2/trn1), with the spec
 translated into vLLM's flags (builders/vllm.py). `check_vllm` refuses again what the CRD's CEL refuses for it
-(api._VLLM_RULES), for a spec admitted under an older CRD; `check_vllm_line` refuses what CEL cannot know, since
-it depends on the line, that is on the resolved instance family.
+(spec_rules.VLLM_RULES), for a spec admitted under an older CRD; `check_vllm_line` refuses what CEL cannot know,
+since it depends on the line, that is on the resolved instance family.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 from neuronmodel_operator import devices
 
-if TYPE_CHECKING:  # api.py imports this module for its CEL rules
+if TYPE_CHECKING:  # api.py imports this module, through spec_rules.py, for its CEL rules
     from neuronmodel_operator.api import NeuronModelSpec
 
 #: The rollout of an unset spec.rollout field: (maxUnavailable, maxSurge) by whether a serving group spans nodes.

@@ -33,32 +33,22 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable, Optional
+from typing import Optional
 
 from neuronmodel_operator import api, builders, ownership, revisions, status
-from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, COMPONENT_SERVER, LWS_SUFFIX, Target,
-                                                  selector, selector_string, target_from_body, workload_name)
+from neuronmodel_operator.builders.common import (COMPONENT_COMPILE, LWS_SUFFIX, Target, selector, selector_string,
+                                                  target_from_body, workload_name)
 from neuronmodel_operator.builders.service import endpoint
 from neuronmodel_operator.k8s import ApiError, Kube
+from neuronmodel_operator.replica_handover import hand_over_replicas, match_replicas
 from neuronmodel_operator.resolve import OperatorDefaults, Resolved
 from neuronmodel_operator.served import UnreadableRecord, served_target
+from neuronmodel_operator.stale_children import CHILD_KINDS, REFERENCED_KINDS, REVISION_HOLDERS, delete_stale
 
 log = logging.getLogger(__name__)
 
-#: Kinds of children, each listed by label when stale ones must go (a model switched to multi-node, a PDB no
-#: longer needed, the compile Job of an old key).
-CHILD_KINDS = ("ConfigMap", "Job", "Deployment", "LeaderWorkerSet", "Service", "PodDisruptionBudget",
-               "HorizontalPodAutoscaler", "ResourceClaimTemplate")
-#: Children named by their content that pods of older revisions may still use: deleted only once none does.
-REFERENCED_KINDS = ("ConfigMap", "ResourceClaimTemplate")
-#: What holds an old revision's references: when one is deleted (the Deployment controller prunes ReplicaSets past
-#: revisionHistoryLimit long after the last reconcile; an old pod ends), what only it used can go.
-REVISION_HOLDERS = ("ReplicaSet", "Pod")
-WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 #: Children that follow the side that serves while a model changes workload kind.
 FOLLOW_THE_SERVING_SIDE = ("Service", "HorizontalPodAutoscaler")
-#: The label LeaderWorkerSet puts on the StatefulSets (and pods) of one LeaderWorkerSet.
-LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 #: The label the Job controller puts on a Job's pods (Kubernetes 1.27+).
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
@@ -98,32 +88,6 @@ def _ready(workload: Optional[dict]) -> bool:
     if "observedGeneration" in state and state["observedGeneration"] < workload["metadata"].get("generation", 1):
         return False
     return state.get("readyReplicas", 0) >= (workload.get("spec") or {}).get("replicas", 1)
-
-
-def _owns_replicas(workload: dict, manager: str) -> bool:
-    """Does `manager` own spec.replicas of the live workload (server-side apply's managedFields)?"""
-    for entry in workload["metadata"].get("managedFields") or []:
-        if entry.get("manager") == manager and entry.get("operation") == "Apply" and \
-                "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
-            return True
-    return False
-
-
-def _references(pod_spec: Optional[dict]) -> set[tuple[str, str]]:
-    """(kind, name) of the ConfigMaps and ResourceClaimTemplates a pod spec uses."""
-    spec = pod_spec or {}
-    return {("ConfigMap", v["configMap"]["name"]) for v in spec.get("volumes") or [] if v.get("configMap")} | \
-        {("ResourceClaimTemplate", c["resourceClaimTemplateName"]) for c in spec.get("resourceClaims") or []
-         if c.get("resourceClaimTemplateName")}
-
-
-def _templates(workload: dict) -> Iterable[Optional[dict]]:
-    """The pod specs a workload's (or a ReplicaSet's, a StatefulSet's) templates hold."""
-    spec = workload.get("spec") or {}
-    if "leaderWorkerTemplate" in spec:
-        lwt = spec["leaderWorkerTemplate"]
-        return [(lwt.get(key) or {}).get("spec") for key in ("leaderTemplate", "workerTemplate")]
-    return [(spec.get("template") or {}).get("spec")]
 
 
 def contains(live: object, wanted: object) -> bool:
@@ -276,9 +240,9 @@ class Reconcile:
             leaving = self._leaving(old, target) if old is not None else None
         desired = self._desired(serving or target, leaving, service_only=serving is None)
         self._claim(target, desired)
-        self._hand_over_replicas(desired, live)
+        hand_over_replicas(self.kube, desired, live)
         if leaving is not None and serving.spec.autoscaling is not None:
-            self._match_replicas(desired, live, live[_kind(leaving)])
+            match_replicas(self.kube, desired, live, live[_kind(leaving)])
         applied = dict(zip(((m["kind"], m["metadata"]["name"]) for m in desired),
                            self._appliers.map(self.kube.apply, desired)))
         workload = applied.get((_kind(serving), workload_name(serving))) if serving else frozen
@@ -300,7 +264,8 @@ class Reconcile:
                 keep |= {(_kind(leaving), workload_name(leaving))}
                 if (config := builders.serving_configmap_name(leaving)) is not None:  # none for engine vllm
                     keep.add(("ConfigMap", config))
-            self._delete_stale(target, keep, CHILD_KINDS if cleanup else ("Job", *REFERENCED_KINDS))
+            delete_stale(self.kube, target, keep, CHILD_KINDS if cleanup else ("Job", *REFERENCED_KINDS),
+                         self._ours.get(target.uid, set()))
         hpa = next((obj for (kind, _), obj in applied.items() if kind == "HorizontalPodAutoscaler"), None)
         self._remember_hpa(target, hpa)
         if not _awaiting_controller(workload):
@@ -363,24 +328,6 @@ class Reconcile:
                 found[kind] = obj
         return found
 
-    def _hand_over_replicas(self, desired: list[dict], live: dict[str, dict]) -> None:
-        """A workload applied without spec.replicas (autoscaling) whose live replicas the operator owns: hand the
-        field to HANDOVER_FIELD_MANAGER at its live value first (the server-side apply ownership transfer), or the
-        apply that omits it would reset the workload to 1 replica."""
-        for manifest in desired:
-            current = live.get(manifest["kind"])
-            if manifest["kind"] not in WORKLOAD_KINDS or "replicas" in manifest["spec"] or current is None or \
-                    current["metadata"]["name"] != manifest["metadata"]["name"] or \
-                    not _owns_replicas(current, api.FIELD_MANAGER):
-                continue
-            replicas = (current.get("spec") or {}).get("replicas", 1)
-            log.info("handing %s %s/%s replicas (%d) to the autoscaler", manifest["kind"],
-                     manifest["metadata"]["namespace"], manifest["metadata"]["name"], replicas)
-            self.kube.apply({"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
-                             "metadata": {"name": manifest["metadata"]["name"],
-                                          "namespace": manifest["metadata"]["namespace"]},
-                             "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
-
     def _leaving(self, old: dict, target: Target) -> Optional[Target]:
         """The Target the other kind's live workload serves, None when its record cannot be read (it goes)."""
         try:
@@ -388,29 +335,6 @@ class Reconcile:
         except UnreadableRecord as exc:
             log.warning("%s/%s: %s", target.namespace, target.name, exc)
             return None
-
-    def _match_replicas(self, desired: list[dict], live: dict[str, dict], old: dict) -> None:
-        """A kind switch under autoscaling: the new workload, applied without spec.replicas, would run 1 (the
-        default) and switch over once that one is ready, dropping the N the HPA has scaled the old one to. It is
-        created at the old one's live count instead (the next run hands the field to HANDOVER_FIELD_MANAGER, as
-        `_hand_over_replicas` does, and the HPA takes it over after the switch), follows that count while the HPA
-        still scales the old one, and the switch waits for that many ready (`_ready`)."""
-        replicas = (old.get("spec") or {}).get("replicas", 1)
-        for manifest in desired:
-            if manifest["kind"] not in WORKLOAD_KINDS or manifest["kind"] == old["kind"]:
-                continue
-            current = live.get(manifest["kind"])
-            meta = manifest["metadata"]
-            if current is None:
-                manifest["spec"]["replicas"] = replicas
-            elif (current.get("spec") or {}).get("replicas") != replicas:
-                self.kube.apply({"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
-                                 "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                                 "spec": {"replicas": replicas}}, field_manager=api.HANDOVER_FIELD_MANAGER)
-            else:
-                continue
-            log.info("%s %s/%s follows the %s's %d replicas", manifest["kind"], meta["namespace"], meta["name"],
-                     old["kind"], replicas)
 
     def _refresh(self, body: dict, target: Target, changed: Changes) -> Outcome:
         """Restore the changed children that drifted; the status when the workload, the HPA or a pod changed; the
@@ -430,7 +354,7 @@ class Reconcile:
                 self._remember_hpa(target, live)
             status_changed |= key[0] in ("Pod", "HorizontalPodAutoscaler")
         if any(live is None and key[0] in REVISION_HOLDERS for key, live in changed.items()):
-            self._delete_stale(target, set(desired), REFERENCED_KINDS)
+            delete_stale(self.kube, target, set(desired), REFERENCED_KINDS, self._ours.get(target.uid, set()))
         if status_changed:
             if workload is None:
                 workload = self.kube.get(workload_key[0], target.namespace, workload_key[1])
@@ -514,43 +438,6 @@ class Reconcile:
             return False
         pods = self.kube.list("Pod", job["metadata"]["namespace"], f"{JOB_NAME_LABEL}={job['metadata']['name']}")
         return any(_has(pod, "PodScheduled") for pod in pods)
-
-    def _delete_stale(self, target: Target, keep: set, kinds: Iterable[str]) -> None:
-        """Children of `kinds` with our label that the current spec does not want (compile leftovers: superseded
-        Jobs too, a running one of an older template, too small for the compile say, is replaced).
-        Spared: a runtime ConfigMap that a ReplicaSet, StatefulSet or pod of the model still refers to (an old pod
-        restarting mid-rollout reads it)."""
-        selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_MANAGED_BY}={api.OPERATOR_NAME}"
-        in_use: Optional[set[tuple[str, str]]] = None
-        for kind in kinds:
-            for child in self.kube.list(kind, target.namespace, selector):
-                meta = child["metadata"]
-                owned = any(ref.get("uid") == target.uid for ref in meta.get("ownerReferences") or [])
-                if not owned or (kind, meta["name"]) in keep:
-                    continue
-                if kind in REFERENCED_KINDS and meta["labels"].get(api.LABEL_COMPONENT) == COMPONENT_SERVER:
-                    if in_use is None:
-                        in_use = self._in_use(target)
-                    if (kind, meta["name"]) in in_use:
-                        continue
-                log.info("deleting stale %s %s/%s", kind, target.namespace, meta["name"])
-                self.kube.delete(kind, target.namespace, meta["name"])
-                self._ours.get(target.uid, set()).discard((kind, meta["name"]))
-
-    def _in_use(self, target: Target) -> set[tuple[str, str]]:
-        """The content-named children (runtime ConfigMaps, ResourceClaimTemplates) that the model's ReplicaSets
-        (every revision the Deployment keeps), LeaderWorkerSet StatefulSets and pods refer to."""
-        pods_selector = f"{api.LABEL_NAME}={target.name},{api.LABEL_COMPONENT}={COMPONENT_SERVER}"
-        found: set[tuple[str, str]] = set()
-        owners = self.kube.list("ReplicaSet", target.namespace, pods_selector) + \
-            self.kube.list("StatefulSet", target.namespace,
-                           f"{LWS_NAME_LABEL}={target.name}{LWS_SUFFIX}")
-        for owner in owners:
-            for pod_spec in _templates(owner):
-                found |= _references(pod_spec)
-        for pod in self.kube.list("Pod", target.namespace, pods_selector):
-            found |= _references(pod.get("spec"))
-        return found
 
     def _write_status(self, body: dict, resolved: Optional[Resolved], target: Optional[Target],
                       spec_error: Optional[str], workload: Optional[dict], job: Optional[dict], pods: list,

@@ -297,10 +297,10 @@ def check_multi_node_image(spec: NeuronModelSpec, image: str, defaults: Operator
 def check_device_top_k(spec: NeuronModelSpec) -> None:
     """Refuse a global top-k above the device's limit when a Neuron runner samples on the device (the CRD's rule;
     here for a spec that reached the operator past an older CRD)."""
-    if spec.sampling.on_device and spec.sampling.global_top_k > api.MAX_DEVICE_TOP_K:
-        raise SpecError(f"spec.sampling.globalTopK: {spec.sampling.global_top_k} is above {api.MAX_DEVICE_TOP_K}, the "
-                        f"most Neuron's on-device sampler takes; set it to {api.MAX_DEVICE_TOP_K} or less, or "
-                        "spec.sampling.onDevice false to sample on the host")
+    if spec.sampling.on_device and spec.sampling.global_top_k > devices.MAX_DEVICE_TOP_K:
+        raise SpecError(f"spec.sampling.globalTopK: {spec.sampling.global_top_k} is above "
+                        f"{devices.MAX_DEVICE_TOP_K}, the most Neuron's on-device sampler takes; set it to "
+                        f"{devices.MAX_DEVICE_TOP_K} or less, or spec.sampling.onDevice false to sample on the host")
 
 
 def resolve(spec: NeuronModelSpec, defaults: OperatorDefaults) -> Resolved:

@@ -104,6 +104,8 @@ from typing import Mapping, Optional, Sequence, Union
 from neuronmodel_operator import scheduler_hints
 from neuronmodel_operator.api import CONDITION_TYPES
 from neuronmodel_operator.resolve import Resolved
+from neuronmodel_operator.serving_pods import (FAILING, blockers, condition, live_pods, termination_message,
+                                               unschedulable, waiting)
 from neuronmodel_runtime.config.keys import ARTIFACTS_MISSING
 
 #: Ready reasons whose Event is a Warning; every other transition is Normal.
@@ -117,11 +119,6 @@ DEVICE_ACCESS_MARKER = "NeuronDeviceAccessDenied"
 HPA_CONDITIONS = ("AbleToScale", "ScalingActive")
 #: Condition reasons worth an Event of their own when a condition takes them (the phase does not show them).
 CONDITION_EVENTS = {("ArtifactsReady", "Compiled"): "Normal", ("Progressing", "ProgressDeadlineExceeded"): "Warning"}
-#: Container waiting reasons that are just progress, not a problem to show.
-_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
-#: Container waiting reasons of a container that cannot run as it is (the kubelet retries with back-off).
-_FAILING = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
-                      "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 
 
 @dataclass(frozen=True)
@@ -169,14 +166,6 @@ def _seconds(start, end) -> Optional[float]:
     return round((end - start).total_seconds(), 1) if start and end else None
 
 
-def _condition(obj: Optional[Mapping], *types: str, value: str = "True") -> Optional[Mapping]:
-    """The first condition of `obj.status.conditions` of one of `types` whose status is `value`."""
-    for condition in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if condition.get("type") in types and condition.get("status") == value:
-            return condition
-    return None
-
-
 def _name(obj: Mapping) -> str:
     return (obj.get("metadata") or {}).get("name", "")
 
@@ -196,14 +185,14 @@ def _artifacts(o: Observed) -> _Verdict:
     if job is None:
         return _Verdict("False", "Compiling", "creating the compile Job")
     name, job_status = _name(job), job.get("status") or {}
-    failed = _condition(job, "Failed", "FailureTarget")
+    failed = condition(job, "Failed", "FailureTarget")
     if failed is not None:
         namespace = (job.get("metadata") or {}).get("namespace")
         logs = f"kubectl logs{f' -n {namespace}' if namespace else ''} job/{name}"
         return _Verdict("False", "CompileFailed", f"compile Job {name} failed: {failed.get('reason', 'Failed')}: "
                         f"{failed.get('message', '')}. See its pod logs ({logs}), fix the cause, then change the "
                         f"spec or delete the Job to retry")
-    if _condition(job, "Complete", "SuccessCriteriaMet") is not None:
+    if condition(job, "Complete", "SuccessCriteriaMet") is not None:
         took = _seconds(job_status.get("startTime"), job_status.get("completionTime"))
         return _Verdict("True", "Compiled", f"compiled by Job {name}" + (f" in {took:g}s" if took is not None else ""))
     attempt = job_status.get("failed", 0) + 1
@@ -236,10 +225,10 @@ class _Workload:
         total, ready, updated = (state.get(key, 0) for key in ("replicas", "readyReplicas", "updatedReplicas"))
         available = ready if kind == "LeaderWorkerSet" else state.get("availableReplicas", 0)
         complete = _caught_up(o.workload) and updated == total == desired and not o.rollout_held
-        stalled = _condition(o.workload, "Progressing", value="False")
+        stalled = condition(o.workload, "Progressing", value="False")
         deadline = stalled.get("message", "") if stalled and stalled.get("reason") == "ProgressDeadlineExceeded" \
             else None
-        failure = (_condition(o.workload, "ReplicaFailure") or {}).get("message")
+        failure = (condition(o.workload, "ReplicaFailure") or {}).get("message")
         return _Workload(kind, desired, total, ready, available, complete, deadline, failure)
 
 
@@ -248,53 +237,7 @@ def _caught_up(workload: Mapping) -> bool:
     state = workload.get("status") or {}
     if "observedGeneration" in state or workload.get("kind") != "LeaderWorkerSet":
         return state.get("observedGeneration", 0) >= (workload.get("metadata") or {}).get("generation", 0)
-    return bool(_condition(workload, "Available")) and not _condition(workload, "Progressing", "UpdateInProgress")
-
-
-def _live(pods: Sequence[Mapping]) -> list[Mapping]:
-    return [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")
-            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
-
-
-def _unschedulable(pods: Sequence[Mapping]) -> Optional[str]:
-    refused = [c for pod in pods if (c := _condition(pod, "PodScheduled", value="False"))]
-    if not refused:
-        return None
-    advice = scheduler_hints.hint(pods)
-    return f"{len(refused)} serving pod(s) cannot be scheduled: {refused[0].get('message') or refused[0]['reason']}" \
-        + (f"; {advice}" if advice else "")
-
-
-def _waiting(pods: Sequence[Mapping], reasons: Optional[frozenset] = None) -> Optional[str]:
-    """The first container problem (CrashLoopBackOff, ImagePullBackOff...) of these pods: any waiting reason but
-    _STARTING, or only `reasons`."""
-    for pod in pods:
-        status = pod.get("status") or {}
-        for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
-            waiting = (container.get("state") or {}).get("waiting") or {}
-            reason = waiting.get("reason")
-            if reason and reason not in _STARTING and (reasons is None or reason in reasons):
-                detail = f": {waiting['message']}" if waiting.get("message") else ""
-                return f"container {container.get('name')}: {reason}{detail}"
-    return None
-
-
-def _termination_message(pods: Sequence[Mapping], marker: str) -> Optional[str]:
-    """The first termination message carrying `marker` of these pods' containers (init containers too), if any."""
-    for pod in pods:
-        status = pod.get("status") or {}
-        for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
-            for state in (container.get("state") or {}, container.get("lastState") or {}):
-                message = (state.get("terminated") or {}).get("message") or ""
-                if marker in message:
-                    return message.strip()
-    return None
-
-
-def _blockers(pods: Sequence[Mapping]) -> str:
-    not_ready = [pod for pod in pods if _condition(pod, "Ready") is None]
-    found = [text for text in (_unschedulable(not_ready), _waiting(not_ready)) if text]
-    return "".join(f"; {text}" for text in found)
+    return bool(condition(workload, "Available")) and not condition(workload, "Progressing", "UpdateInProgress")
 
 
 # --- phase and conditions ------------------------------------------------------------------------------------
@@ -312,28 +255,28 @@ def _phase(o: Observed, artifacts: _Verdict, workload: Optional[_Workload]) -> t
     desired = workload.desired if workload else o.desired_replicas
     if desired == 0:
         return "Pending", _Verdict("False", "ScaledToZero", "replicas is 0: no pods serve; scale up to serve")
-    pods = _live(o.pods)
+    pods = live_pods(o.pods)
     if workload is None:
         return "Pending", _Verdict("False", "Creating", "creating the serving workload")
     if not pods:
         refused = f": {workload.failure}" if workload.failure else ""
         return "Pending", _Verdict("False", "Creating", f"the {workload.kind} is creating its pods{refused}")
     if workload.ready == 0:
-        scheduled = [pod for pod in pods if _condition(pod, "PodScheduled")]
+        scheduled = [pod for pod in pods if condition(pod, "PodScheduled")]
         if not scheduled:
-            refused = _unschedulable(pods)
+            refused = unschedulable(pods)
             return "Pending", (_Verdict("False", "Unschedulable", refused) if refused else
                                _Verdict("False", "Scheduling", "waiting for the scheduler to place the serving pods"))
-        if all(_waiting([pod], _FAILING) for pod in scheduled) and len(scheduled) == len(pods):
+        if all(waiting([pod], FAILING) for pod in scheduled) and len(scheduled) == len(pods):
             for marker in (DEVICE_ACCESS_MARKER, ARTIFACTS_MISSING):
-                if (told := _termination_message(scheduled, marker)) is not None:
+                if (told := termination_message(scheduled, marker)) is not None:
                     return "Failed", _Verdict("False", marker, told)
             return "Failed", _Verdict("False", "ContainersFailing", f"no serving pod can run: "
-                                      f"{_waiting(scheduled, _FAILING)} (kubectl logs --previous -l {o.selector})")
+                                      f"{waiting(scheduled, FAILING)} (kubectl logs --previous -l {o.selector})")
         return "Loading", _Verdict("False", "Loading", f"{len(scheduled)} serving pod(s) scheduled, none ready yet: "
-                                   f"loading the model (kubectl logs -l {o.selector}){_blockers(pods)}")
+                                   f"loading the model (kubectl logs -l {o.selector}){blockers(pods)}")
     if workload.ready < desired:
-        return "Degraded", _Verdict("False", "Degraded", f"{workload.ready}/{desired} replicas ready{_blockers(pods)}")
+        return "Degraded", _Verdict("False", "Degraded", f"{workload.ready}/{desired} replicas ready{blockers(pods)}")
     if not workload.complete:
         return "Loading", _Verdict("False", "RollingOut", f"{workload.ready}/{desired} replicas ready; the new spec "
                                    f"is rolling out")
@@ -407,7 +350,7 @@ def _set(type_: str, verdict: _Verdict, old: Mapping, generation: int, now: date
 def _load_seconds(pods: Sequence[Mapping]) -> Optional[float]:
     """The slowest load of a ready pod that serves (a group's leader: its workers are ready before it loads)."""
     loads = [_seconds((pod.get("status") or {}).get("startTime"), ready.get("lastTransitionTime"))
-             for pod in pods if (ready := _condition(pod, "Ready")) and
+             for pod in pods if (ready := condition(pod, "Ready")) and
              ((pod.get("metadata") or {}).get("labels") or {}).get(scheduler_hints.WORKER_INDEX_LABEL, "0") == "0"]
     return max((load for load in loads if load is not None), default=None)
 
@@ -430,8 +373,8 @@ def _timings(o: Observed, phase: str, conditions: list[dict]) -> dict:
     timings = {
         "compileSeconds": kept("compileSeconds", same_key, lambda: _seconds(
             job_status.get("startTime"), job_status.get("completionTime"))
-            if _condition(o.compile_job, "Complete", "SuccessCriteriaMet") else None),
-        "loadSeconds": kept("loadSeconds", same_generation, lambda: _load_seconds(_live(o.pods)) if ready else None),
+            if condition(o.compile_job, "Complete", "SuccessCriteriaMet") else None),
+        "loadSeconds": kept("loadSeconds", same_generation, lambda: _load_seconds(live_pods(o.pods)) if ready else None),
         "timeToReadySeconds": kept("timeToReadySeconds", same_generation, lambda: time_to_ready() if ready else None),
     }
     return {key: value for key, value in timings.items() if value is not None}

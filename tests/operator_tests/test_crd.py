@@ -291,8 +291,8 @@ def test_the_device_top_k_rule_exempts_only_the_reference_runner(schema):
     tests/integration/test_crd_admission.py."""
     rules = {r["rule"]: r["message"] for r in schema["properties"]["spec"]["x-kubernetes-validations"]}
     rule = ("self.framework == 'torch' || !self.sampling.onDevice || "
-            f"self.sampling.globalTopK <= {api.MAX_DEVICE_TOP_K}")
-    assert api.MAX_DEVICE_TOP_K == 256
+            f"self.sampling.globalTopK <= {devices.MAX_DEVICE_TOP_K}")
+    assert devices.MAX_DEVICE_TOP_K == 256
     message = rules[rule]
     assert message.startswith("sampling.globalTopK must be 256 or less with sampling.onDevice true")
     assert "set sampling.globalTopK to 256 or less, or sampling.onDevice false" in message
@@ -303,7 +303,7 @@ def test_the_device_top_k_rule_exempts_only_the_reference_runner(schema):
 def test_the_device_top_k_limit_is_the_runtimes():
     from neuronmodel_runtime.runners.device_sampling import MAX_DEVICE_TOP_K
 
-    assert api.MAX_DEVICE_TOP_K == MAX_DEVICE_TOP_K
+    assert devices.MAX_DEVICE_TOP_K == MAX_DEVICE_TOP_K
 
 
 @pytest.mark.parametrize(("source", "valid"), [

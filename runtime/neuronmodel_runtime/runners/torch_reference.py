@@ -33,12 +33,12 @@ import logging
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 
-from neuronmodel_runtime.artifacts.prepare import Artifacts, ArtifactsError, prepare_artifacts
+from neuronmodel_runtime.artifacts.prepare import ArtifactsError, prepare_artifacts
 from neuronmodel_runtime.config import RuntimeConfig
 from neuronmodel_runtime.runners.base import (
     DecodeBatch,
@@ -66,8 +66,8 @@ from neuronmodel_runtime.runners.graph_artifacts import (
 )
 from neuronmodel_runtime.runners.llama import LlamaConfig, LlamaModel, LlamaWeights
 from neuronmodel_runtime.runners.slot_sampler import SlotSampler
-from neuronmodel_runtime.runners.tensor_parallel import LAYOUT as TP_LAYOUT
-from neuronmodel_runtime.runners.tensor_parallel import TensorParallel, shard, shard_config
+from neuronmodel_runtime.runners.tensor_parallel import TensorParallel
+from neuronmodel_runtime.runners.torch_weights import WEIGHTS_FILE, checkpoint_weights, rank_shard, stored_shard
 from neuronmodel_runtime.runners.vocabulary import vocabulary_mismatch
 from neuronmodel_runtime.sampling.params import RowSampling, SamplingCapabilities
 
@@ -97,9 +97,6 @@ COMPILE_CACHE_FILE = "torch-compile-cache.bin"
 KERNELS_FILE = "inductor-kernels.tar"
 #: Changes with what the artifacts hold or how the graphs are built, so that older artifacts are never loaded.
 ARTIFACTS_FORMAT = 2
-WEIGHTS_FILE = "weights.safetensors"
-#: The pre-sharded weights of one TP rank (compile_cache.sharded_weights): their artifacts' format.
-SHARD_FORMAT = "torch-tp-shard/1"
 COMPILE_WITH_TP = ("compile: true with parallelism.tensor_parallel_degree > 1 is not supported by the torch reference "
                    "runner (its fixed-shape graphs hold no collectives); set compile false")
 DRAFT_WEIGHTS_FILE = "draft-weights.safetensors"
@@ -166,48 +163,14 @@ class TorchReferenceRunner(ModelRunner):
             self._load_compiled(model_config, draft_config, dtype)
             return
         if group is None:
-            weights = self._checkpoint_weights(model_config, dtype)
+            weights = checkpoint_weights(self.model_path, model_config, self.device, dtype)
             self.model = LlamaModel(model_config, weights, cfg.max_num_seqs, cfg.max_model_len)
         else:
-            part, weights = self._rank_shard(model_config, dtype)
+            part, weights, self.artifacts = rank_shard(cfg, self.model_path, self.device, model_config, dtype, group)
             self.model = LlamaModel(part, weights, cfg.max_num_seqs, cfg.max_model_len, reduce=group.reduce)
         if draft_config is not None and (group is None or group.rank == 0):  # the leader drafts, alone
             weights = build_weights(draft_config, read_tensors(self._draft_path()), self.device, dtype)
             self.draft = LlamaModel(draft_config, weights, cfg.max_num_seqs, cfg.max_model_len)
-
-    def _checkpoint_weights(self, model_config: LlamaConfig, dtype: torch.dtype) -> LlamaWeights:
-        """The whole model's weights, read from the checkpoint and converted to `dtype`."""
-        return build_weights(model_config, read_tensors(self.model_path), self.device, dtype)
-
-    def _rank_shard(self, model_config: LlamaConfig, dtype: torch.dtype) -> tuple[LlamaConfig, LlamaWeights]:
-        """This rank's shard, cut from the checkpoint; with compile_cache.sharded_weights through the compile-artifact
-        cache, under a key of its own (`_stored_shard`): the first start of a rank (or the compile Job) cuts and
-        stores it, every later one reads only its shard, never the whole checkpoint."""
-        group = self.tensor_parallel
-        assert group is not None
-        part = shard_config(model_config, group.world)
-        full = functools.partial(self._checkpoint_weights, model_config, dtype)
-        if not self.config.compile_cache.sharded_weights:
-            return part, shard(model_config, full(), group.rank, group.world)[1]
-        self.artifacts = self._stored_shard(model_config, dtype, group.rank, group.world, full)
-        try:
-            return part, load_weights(self.artifacts.folder / WEIGHTS_FILE, part, self.device, dtype)
-        except (OSError, ValueError) as exc:
-            raise RunnerError(f"compile_cache.sharded_weights: rank {group.rank}'s shard: {exc}") from exc
-
-    def _stored_shard(self, model_config: LlamaConfig, dtype: torch.dtype, rank: int, world: int,
-                      full: Callable[[], LlamaWeights]) -> Artifacts:
-        """Rank `rank`'s shard in the compile-artifact cache (the TP degree, the rank and the split's layout are in
-        its key), cut from `full()` and stored where it is missing."""
-        shape = {"format": SHARD_FORMAT, "device": self.device.type, "dtype": str(dtype).removeprefix("torch."),
-                 "architecture": dataclasses.asdict(model_config),
-                 "tensor_parallel": {"degree": world, "rank": rank, "layout": TP_LAYOUT}}
-        try:
-            return prepare_artifacts(
-                self.config, self.model_path, "torch", torch.__version__, shape,
-                lambda folder: save_weights(folder / WEIGHTS_FILE, shard(model_config, full(), rank, world)[1]))
-        except ArtifactsError as exc:
-            raise RunnerError(f"compile_cache.sharded_weights: rank {rank}'s shard: {exc}") from exc
 
     def compile(self) -> Any:
         """The compile Job. TP > 1 (one process, no group): every rank's shard with compile_cache.sharded_weights,
@@ -224,8 +187,9 @@ class TorchReferenceRunner(ModelRunner):
         model_config = read_config(self.model_path, cfg.max_model_len)
         dtype = resolve_dtype(cfg.dtype, self.device)
         # read once, and only when some rank's shard is missing from the store
-        full = functools.cache(functools.partial(self._checkpoint_weights, model_config, dtype))
-        stored = [self._stored_shard(model_config, dtype, rank, world, full) for rank in range(world)]
+        full = functools.cache(functools.partial(checkpoint_weights, self.model_path, model_config, self.device, dtype))
+        stored = [stored_shard(cfg, self.model_path, self.device, model_config, dtype, rank, world, full)
+                  for rank in range(world)]
         self.artifacts = stored[0]
         return self.artifacts
 
@@ -502,4 +466,4 @@ class TorchReferenceRunner(ModelRunner):
 
 
 __all__ = ["ARTIFACTS_FORMAT", "COMPILE_CACHE_FILE", "DRAFT_WEIGHTS_FILE", "KERNELS_FILE", "PREFILL_PADDING_BUDGET",
-           "TorchReferenceRunner", "WEIGHTS_FILE", "prefill_groups"]
+           "TorchReferenceRunner", "prefill_groups"]

@@ -1,0 +1,73 @@
+"""What a model's serving pods say, for status.py: which are live, and what blocks them (the scheduler's refusal with
+scheduler_hints.py's advice, a failing container, a termination message). Pure, over camelCase dicts as the API
+server returns them.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+from neuronmodel_operator import scheduler_hints
+
+#: Container waiting reasons that are just progress, not a problem to show.
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+#: Container waiting reasons of a container that cannot run as it is (the kubelet retries with back-off).
+FAILING = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+                     "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+
+
+def condition(obj: Optional[Mapping], *types: str, value: str = "True") -> Optional[Mapping]:
+    """The first condition of `obj.status.conditions` of one of `types` whose status is `value`."""
+    for found in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if found.get("type") in types and found.get("status") == value:
+            return found
+    return None
+
+
+def live_pods(pods: Sequence[Mapping]) -> list[Mapping]:
+    """The pods not being deleted and not ended (Succeeded, Failed)."""
+    return [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+
+
+def unschedulable(pods: Sequence[Mapping]) -> Optional[str]:
+    """The scheduler's refusal of these pods, with scheduler_hints.py's advice; None when none is refused."""
+    refused = [c for pod in pods if (c := condition(pod, "PodScheduled", value="False"))]
+    if not refused:
+        return None
+    advice = scheduler_hints.hint(pods)
+    return f"{len(refused)} serving pod(s) cannot be scheduled: {refused[0].get('message') or refused[0]['reason']}" \
+        + (f"; {advice}" if advice else "")
+
+
+def waiting(pods: Sequence[Mapping], reasons: Optional[frozenset] = None) -> Optional[str]:
+    """The first container problem (CrashLoopBackOff, ImagePullBackOff...) of these pods: any waiting reason but
+    _STARTING, or only `reasons`."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            state = (container.get("state") or {}).get("waiting") or {}
+            reason = state.get("reason")
+            if reason and reason not in _STARTING and (reasons is None or reason in reasons):
+                detail = f": {state['message']}" if state.get("message") else ""
+                return f"container {container.get('name')}: {reason}{detail}"
+    return None
+
+
+def termination_message(pods: Sequence[Mapping], marker: str) -> Optional[str]:
+    """The first termination message carrying `marker` of these pods' containers (init containers too), if any."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            for state in (container.get("state") or {}, container.get("lastState") or {}):
+                message = (state.get("terminated") or {}).get("message") or ""
+                if marker in message:
+                    return message.strip()
+    return None
+
+
+def blockers(pods: Sequence[Mapping]) -> str:
+    """What keeps the pods that are not ready from it ("; <refusal>; <container problem>"), "" for nothing."""
+    not_ready = [pod for pod in pods if condition(pod, "Ready") is None]
+    found = [text for text in (unschedulable(not_ready), waiting(not_ready)) if text]
+    return "".join(f"; {text}" for text in found)
