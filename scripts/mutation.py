@@ -193,6 +193,15 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "reconcile: a failing compile's pods never read (status says BackoffLimitExceeded, not vLLM's own error)",
+        "reconcile.py", "compile_pods=self._failed_attempts(job))", "compile_pods=())", RECONCILE, OPERATOR,
+    ),
+    Mutation(
+        "status: the oldest failed compile attempt quoted instead of the newest",
+        "serving_pods.py", '.get("creationTimestamp") or "", reverse=True)', '.get("creationTimestamp") or "")',
+        STATUS, OPERATOR,
+    ),
+    Mutation(
         "reconcile: a template-only edit (a toleration) replaces the running compile Job of the same key",
         "reconcile.py",
         "next((job for job in of_key if job[\"metadata\"][\"name\"] != current and self._compiling(job)), None)",
@@ -614,7 +623,7 @@ MUTATIONS += [
     Mutation(
         "vllm: ArtifactsMissing read from the main containers only (the init container's reason is lost)",
         "serving_pods.py", '(status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):\n'
-        '            for state in', '(status.get("containerStatuses") or []):\n            for state in', VLLM_ENGINE,
+        '        for state in', '(status.get("containerStatuses") or []):\n        for state in', VLLM_ENGINE,
         package=OPERATOR,
     ),
     Mutation(

@@ -453,8 +453,16 @@ class Reconcile:
             rollout_held=held, pods=pods, endpoint=endpoint(target) if target else "",
             selector=selector_string(target) if target else "", now=datetime.now(timezone.utc),
             compile_cache_url=target.spec.compile_cache.url if target else None,
-            hpa=self._hpa(target) if target else None, error_reason=error_reason)
+            hpa=self._hpa(target) if target else None, error_reason=error_reason,
+            compile_pods=self._failed_attempts(job))
         self._publish(body, previous, status.status(observed))
+
+    def _failed_attempts(self, job: Optional[dict]) -> list:
+        """The pods of a compile Job an attempt of which failed (status quotes why: vLLM's own lines, say); none
+        to list while no attempt failed."""
+        if job is None or not ((job.get("status") or {}).get("failed") or _has(job, "Failed", "FailureTarget")):
+            return []
+        return self.kube.list("Pod", job["metadata"]["namespace"], f"{JOB_NAME_LABEL}={job['metadata']['name']}")
 
     def _publish(self, body: dict, previous: dict, current: dict) -> None:
         """Write `current` over `previous` (only if it changed) and the Events the change is worth."""

@@ -1,11 +1,11 @@
-"""What a model's serving pods say, for status.py: which are live, and what blocks them (the scheduler's refusal with
-scheduler_hints.py's advice, a failing container, a termination message). Pure, over camelCase dicts as the API
-server returns them.
+"""What a model's pods say, for status.py: which serving pods are live, and what blocks them (the scheduler's refusal
+with scheduler_hints.py's advice, a failing container, a termination message); why a compile Job's attempt failed.
+Pure, over camelCase dicts as the API server returns them.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 from neuronmodel_operator import scheduler_hints
 
@@ -54,15 +54,44 @@ def waiting(pods: Sequence[Mapping], reasons: Optional[frozenset] = None) -> Opt
     return None
 
 
+def _terminations(pod: Mapping) -> Iterator[tuple[str, Mapping]]:
+    """(container name, its `terminated` state) of the pod's containers that ended, init containers first, each
+    current state before the last one (a restarted container's)."""
+    status = pod.get("status") or {}
+    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            if state.get("terminated"):
+                yield container.get("name", ""), state["terminated"]
+
+
 def termination_message(pods: Sequence[Mapping], marker: str) -> Optional[str]:
     """The first termination message carrying `marker` of these pods' containers (init containers too), if any."""
     for pod in pods:
-        status = pod.get("status") or {}
-        for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
-            for state in (container.get("state") or {}, container.get("lastState") or {}):
-                message = (state.get("terminated") or {}).get("message") or ""
-                if marker in message:
-                    return message.strip()
+        for _, ended in _terminations(pod):
+            if marker in (message := ended.get("message") or ""):
+                return message.strip()
+    return None
+
+
+#: How much of a failed container's termination message a status message quotes: its last lines, at most this long.
+QUOTED_LINES = 6
+QUOTED_CHARS = 900
+
+
+def failed_attempt(pods: Sequence[Mapping]) -> Optional[str]:
+    """Why the newest of these (a compile Job's) pods failed: its first container, init containers first, that exited
+    non-zero (in the kubelet's order, by name: `runtime` before `store-artifacts`), with the last lines of its
+    termination message (vLLM's error under its supervisor, the runtime's own line); None when none did."""
+    newest = sorted(pods, key=lambda pod: (pod.get("metadata") or {}).get("creationTimestamp") or "", reverse=True)
+    for pod in newest:
+        for name, ended in _terminations(pod):
+            if ended.get("exitCode", 0) == 0:
+                continue
+            how = f"exited {ended['exitCode']}" + (f" ({ended['reason']})" if ended.get("reason") not in
+                                                   (None, "Error") else "")
+            lines = [line.strip() for line in (ended.get("message") or "").splitlines() if line.strip()]
+            said = " | ".join(lines[-QUOTED_LINES:])[-QUOTED_CHARS:]
+            return f"container {name} {how}" + (f": {said}" if said else "")
     return None
 
 

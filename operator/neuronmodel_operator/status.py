@@ -65,12 +65,13 @@ Conditions, the four of CONDITION_TYPES in that order, then Autoscaling when the
   ArtifactsReady  True/NotRequired (no Job: no compileCache.url, the pods compile in place; or policy Never, the
                   pods load from the cache), False/Compiling (Job pending or running; "retrying, attempt 3 of 5"
                   after failed pods, of backoffLimit+1), True/Compiled (with the compile seconds),
-                  False/CompileFailed (the Job's Failed reason and message, and `kubectl logs job/<name>`),
+                  False/CompileFailed (the Job's Failed reason and message, the last failed attempt's container and
+                  the tail of its termination message, and `kubectl logs job/<name>`),
                   Unknown/InvalidSpec (nothing resolved).
   Available       True/MinimumReplicasAvailable when >= 1 replica is available (the Deployment's
                   availableReplicas; readyReplicas for a LeaderWorkerSet), else False/NoReplicasAvailable.
-  Progressing     first match: False/InvalidSpec (or the refused child's reason); False/CompileFailed; True/WaitingForArtifacts (held, or
-                  compiling before any workload exists); True/Creating (no workload); False/ProgressDeadlineExceeded
+  Progressing     first match: False/InvalidSpec (or the refused child's reason); False/CompileFailed;
+                  True/WaitingForArtifacts (held, or compiling before any workload exists); True/Creating (no workload); False/ProgressDeadlineExceeded
                   (the Deployment's Progressing condition says so); True/RollingOut; True/RolloutComplete.
   Ready           True/Ready, or False with the phase's reason.
   Autoscaling     the HPA's AbleToScale and ScalingActive: False with the reason and message of the first of them
@@ -104,8 +105,8 @@ from typing import Mapping, Optional, Sequence, Union
 from neuronmodel_operator import scheduler_hints
 from neuronmodel_operator.api import CONDITION_TYPES
 from neuronmodel_operator.resolve import Resolved
-from neuronmodel_operator.serving_pods import (FAILING, blockers, condition, live_pods, termination_message,
-                                               unschedulable, waiting)
+from neuronmodel_operator.serving_pods import (FAILING, blockers, condition, failed_attempt, live_pods,
+                                               termination_message, unschedulable, waiting)
 from neuronmodel_runtime.config.keys import ARTIFACTS_MISSING
 
 #: Ready reasons whose Event is a Warning; every other transition is Normal.
@@ -141,6 +142,7 @@ class Observed:
     now: datetime
     compile_cache_url: Optional[str] = None  # spec.compileCache.url: says why no Job is needed
     hpa: Optional[Mapping] = None  # the HorizontalPodAutoscaler (camelCase dict) under spec.autoscaling, else None
+    compile_pods: Sequence[Mapping] = ()  # the compile Job's pods once an attempt of it failed (why it did), else none
     error_reason: str = "InvalidSpec"  # the reason of `spec_error`: AlreadyOwned, AdmissionDenied for a refused child
 
 
@@ -185,19 +187,20 @@ def _artifacts(o: Observed) -> _Verdict:
     if job is None:
         return _Verdict("False", "Compiling", "creating the compile Job")
     name, job_status = _name(job), job.get("status") or {}
+    last = f"; the last attempt: {said}" if (said := failed_attempt(o.compile_pods)) else ""
     failed = condition(job, "Failed", "FailureTarget")
     if failed is not None:
         namespace = (job.get("metadata") or {}).get("namespace")
         logs = f"kubectl logs{f' -n {namespace}' if namespace else ''} job/{name}"
         return _Verdict("False", "CompileFailed", f"compile Job {name} failed: {failed.get('reason', 'Failed')}: "
-                        f"{failed.get('message', '')}. See its pod logs ({logs}), fix the cause, then change the "
-                        f"spec or delete the Job to retry")
+                        f"{failed.get('message', '')}{last}. See its pod logs ({logs}), fix the cause, then change "
+                        f"the spec or delete the Job to retry")
     if condition(job, "Complete", "SuccessCriteriaMet") is not None:
         took = _seconds(job_status.get("startTime"), job_status.get("completionTime"))
         return _Verdict("True", "Compiled", f"compiled by Job {name}" + (f" in {took:g}s" if took is not None else ""))
     attempt = job_status.get("failed", 0) + 1
     attempts = (job.get("spec") or {}).get("backoffLimit", 6) + 1
-    retry = f", retrying, attempt {attempt} of {attempts}" if attempt > 1 else ""
+    retry = f", retrying, attempt {attempt} of {attempts}{last}" if attempt > 1 else ""
     state = "is compiling" if job_status.get("active") else "is waiting for its pod to start"
     return _Verdict("False", "Compiling", f"compile Job {name} {state}{retry}")
 

@@ -670,6 +670,37 @@ def compile_pod(kube: FakeKube, job: dict, scheduled: bool) -> None:
                          "conditions": [{"type": "PodScheduled", "status": "True" if scheduled else "False"}]}})
 
 
+def test_a_failing_compile_says_why_in_the_status_and_the_event(kube, reconcile):
+    """Each failed attempt's own error (vLLM's refusal under its supervisor, the runtime's line) reaches the status
+    while the Job retries and the CompileFailed Event once it gives up: read from the Job's pods, and only once an
+    attempt failed (a running compile lists none)."""
+    kube.put(body(NEURON_A))
+    reconcile(NS, NAME, cleanup=True)
+    (job,) = jobs(kube)
+    name = job["metadata"]["name"]
+    kube.statuses["Job", name] = RUNNING
+    reconcile(NS, NAME, cleanup=True)
+    assert ("list", "Pod") not in kube.requests
+    kube.put({"kind": "Pod", "metadata": {"name": name + "-a", "namespace": NS,
+                                          "creationTimestamp": "2026-12-06T10:00:00Z",
+                                          "labels": {"batch.kubernetes.io/job-name": name}},
+              "status": {"phase": "Failed", "containerStatuses": [{"name": "runtime", "state": {"terminated": {
+                  "exitCode": 2, "reason": "Error",
+                  "message": "neuronmodel-runtime compile: model.dtype float8 is not supported; use bfloat16"}}}]}})
+    kube.statuses["Job", name] = {**RUNNING, "failed": 1}
+    reconcile(NS, NAME, cleanup=True)
+    said = "container runtime exited 2: neuronmodel-runtime compile: model.dtype float8 is not supported; use bfloat16"
+    artifacts = next(c for c in kube.model()["status"]["conditions"] if c["type"] == "ArtifactsReady")
+    assert artifacts["message"].endswith(f"retrying, attempt 2 of 5; the last attempt: {said}"), artifacts
+    kube.statuses["Job", name] = {"failed": 5, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+         "message": "Job has reached the specified backoff limit"}]}
+    reconcile(NS, NAME, cleanup=True)
+    assert kube.model()["status"]["phase"] == "Failed"
+    ((type_, event),) = [(type_, message) for type_, reason, message in kube.events if reason == "CompileFailed"]
+    assert f"the last attempt: {said}" in event and type_ == "Warning"
+
+
 @pytest.mark.parametrize("edit", [{"tolerations": [{"key": "dedicated", "operator": "Exists"}]},
                                   {"serviceAccountName": "model-reader"}])
 def test_a_template_only_edit_keeps_the_running_compile(kube, reconcile, edit):

@@ -170,6 +170,46 @@ def test_compile_job_failed_is_failed_with_the_job_reason_and_a_logs_hint():
                                                                                                 "CompileFailed")
 
 
+#: A compile pod whose vLLM refused its flags: the supervisor exits with vLLM's status, its log tail the message (as
+#: the real node showed, tests/integration/realnode/test_end_to_end.py); store-artifacts stops waiting and fails too.
+VLLM_REFUSED = ("INFO 12-06 non-default args: {'max_model_len': 4096}\nINFO 12-06 resolved architecture\n"
+                "Traceback (most recent call last):\n  File \"vllm/engine/arg_utils.py\", line 1, in create_model_config\n"
+                "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+                "  Value error, max_model_len 4096 exceeds the model's 1024 positions\n"
+                "    For further information visit https://errors.pydantic.dev/2.12/v/value_error\n"
+                "neuronmodel: vllm serve exited with status 1 before its compiled folder was stored\n")
+
+
+def compile_pod(name: str, created: int, runtime_exit: int, message: str = "", reason: str = "Error") -> dict:
+    ended = {"exitCode": runtime_exit, "reason": reason, "message": message}
+    return {"metadata": {"name": name, "creationTimestamp": stamp(created)}, "status": {
+        "phase": "Failed" if runtime_exit else "Running",
+        "initContainerStatuses": [{"name": "fetch-model", "state": {"terminated": {"exitCode": 0}}}],
+        "containerStatuses": [
+            {"name": "runtime", "state": {"terminated": ended} if runtime_exit else {"running": {}}},
+            {"name": "store-artifacts", "state": {"terminated": {
+                "exitCode": 1, "reason": "Error", "message": "vLLM exited with status 1 before it served"}}}]}}
+
+
+def test_a_failed_compile_quotes_the_last_attempts_own_error():
+    """A compile Job whose vLLM (or runtime) fails says why in the status, from the newest failed pod's container
+    termination message, not only 'BackoffLimitExceeded' and a logs hint."""
+    pods = [compile_pod("c-1", 10, 1, "an older attempt"), compile_pod("c-2", 20, 1, VLLM_REFUSED)]
+    current = run(observe(compile_required=True, compile_job=failed_job(), compile_pods=pods))
+    message = cond(current, "ArtifactsReady")["message"]
+    quoted = message.split("; the last attempt: ", 1)[1].split(". See its pod logs", 1)[0]
+    assert quoted.startswith("container runtime exited 1: Traceback (most recent call last): | File "), quoted
+    assert " | Value error, max_model_len 4096 exceeds the model's 1024 positions | " in quoted, quoted
+    assert quoted.endswith("| neuronmodel: vllm serve exited with status 1 before its compiled folder was stored")
+    assert "an older attempt" not in message and "non-default args" not in message  # the newest pod, its last lines
+    assert "kubectl logs -n team job/llama-compile-abc123" in message
+    assert cond(current, "Ready")["message"] == message  # the phase's message, which the Warning Event carries
+    retrying = run(observe(compile_required=True, compile_job=job(active=1, failed=1, start=stamp(1)),
+                           compile_pods=[compile_pod("c-1", 10, 137, "", "OOMKilled")]))
+    assert cond(retrying, "ArtifactsReady")["message"].endswith(
+        "retrying, attempt 2 of 5; the last attempt: container runtime exited 137 (OOMKilled)")
+
+
 @pytest.mark.parametrize("compile_job, words", [
     (None, "creating the compile Job"),
     (job(), "is waiting for its pod to start"),

@@ -705,6 +705,7 @@ def test_a_vllm_that_refuses_its_flags_fails_the_compile_job_with_its_own_messag
     print(f"\nTIMINGS {VLLM_REFUSED}: apply -> Failed in {time.time() - applied:.1f} s")
     ready = condition(nm, "Ready")
     assert ready["reason"] == "CompileFailed" and "BackoffLimitExceeded" in ready["message"], ready
+    assert "the last attempt: container runtime exited" in ready["message"], ready  # vLLM's own lines, quoted
     (job,) = kubectl.get("jobs", namespace=NS, selector=f"{NAME_LABEL}={VLLM_REFUSED}")
     pods = kubectl.get("pods", namespace=NS, selector=f"job-name={job['metadata']['name']}")
     assert len(pods) == job["spec"]["backoffLimit"] + 1, [p["metadata"]["name"] for p in pods]  # every try counted
