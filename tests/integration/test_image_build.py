@@ -337,11 +337,14 @@ def test_the_vllm_cpu_image_runs_its_args_as_1000_on_a_read_only_root_with_no_co
     with container(VLLM_CPU, pod_args=["vllm", "--version"], env={"HOME": "/tmp"}) as c:
         out = c.run()
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "0.32.0+cpu", out.stdout + out.stderr
-    with container(VLLM_CPU, pod_args=["sh", "-c", "exit 3"]) as c:  # the command's own exit status
-        assert c.run().returncode == 3
-    with container(VLLM_CPU, pod_args=None) as c:  # no args: no command to run
+    # the DLC's entrypoint, as it behaves there: check_call raises on the command's failure (Python exits 1 with the
+    # CalledProcessError naming the command's own status), and with no args there is no command to run
+    with container(VLLM_CPU, pod_args=["sh", "-c", "exit 3"]) as c:
         out = c.run()
-    assert out.returncode == 2 and "usage" in out.stderr, out.stderr
+    assert out.returncode == 1 and "returned non-zero exit status 3" in out.stderr, out.stderr
+    with container(VLLM_CPU, pod_args=None) as c:
+        out = c.run()
+    assert out.returncode == 1 and "IndexError" in out.stderr, out.stderr
 
 
 # --- cached, and what changes the cache key ---------------------------------------------------------------------

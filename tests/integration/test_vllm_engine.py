@@ -1,6 +1,6 @@
 """Engine vllm on the real control plane: a model with a compile cache goes compile Job -> Deployment on the kwok
-trn2 node, its status following the Job; the API server accepts the Job's vLLM sidecar and the pods' artifacts
-init container as the operator builds them.
+trn2 node, its status following the Job; the API server accepts the Job's vLLM container under its supervisor and the
+pods' artifacts init container as the operator builds them.
 
 kwok runs no containers (its pods of Jobs complete, the others become Ready): what vLLM and the artifacts
 containers do inside the pods is the real node's part (tests/integration/realnode/test_vllm_end_to_end.py).
@@ -29,9 +29,13 @@ def test_a_cached_vllm_model_compiles_in_a_job_then_serves_and_its_next_key_comp
     job = wait_until("the compile Job", lambda: api.batch.list_namespaced_job(api.ns).items, 30)[0]
     assert api.deployment("vllm8b") is None or job.status.succeeded  # nothing serves before the artifacts
     template = job.spec.template.spec
-    (sidecar,) = [c for c in template.init_containers if c.restart_policy == "Always"]
-    assert sidecar.args[:2] == ["vllm", "serve"] and sidecar.startup_probe.http_get.path == "/health"
-    assert [c.name for c in template.containers] == ["store-artifacts"]
+    # vLLM is an ordinary container under its supervisor (its exit fails the pod), never a restartable sidecar
+    assert not [c for c in template.init_containers if c.restart_policy == "Always"]
+    assert [c.name for c in template.init_containers][-1] == "install-supervisor"
+    assert [c.name for c in template.containers] == ["runtime", "store-artifacts"]
+    engine = template.containers[0].command
+    assert engine[0] == "python" and engine[1].endswith("/supervise.py") and \
+        engine[engine.index("--") + 1:][:2] == ["vllm", "serve"], engine
     assert not api.core.list_namespaced_config_map(api.ns, label_selector="neuronmodel.dev/name=vllm8b").items
 
     body = api.phase("vllm8b", "Ready")
@@ -58,8 +62,8 @@ def test_a_cached_vllm_model_compiles_in_a_job_then_serves_and_its_next_key_comp
         j.status.succeeded and j.metadata.annotations["neuronmodel.dev/compile-key"] == new_key
         for j in api.batch.list_namespaced_job(api.ns).items), 60)
     wait_until("the Deployment rolled", lambda: _key_of(api.deployment("vllm8b").spec.template) == new_key, 30)
-    assert "--max-model-len" in (args := api.deployment("vllm8b").spec.template.spec.containers[0].args) and \
-        args[args.index("--max-model-len") + 1] == "2048"
+    assert "--max-model-len" in (args := api.deployment("vllm8b").spec.template.spec.containers[0].command) and \
+        args[args.index("--max-model-len") + 1] == "2048" and args[:2] == ["vllm", "serve"]
     api.phase("vllm8b", "Ready")
 
     # replicas change nothing compiled: no new Job
