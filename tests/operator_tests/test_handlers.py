@@ -194,16 +194,16 @@ def peer(priority: int, seconds_ago: float = 0, lifetime: int = 60) -> dict:
     return {"priority": priority, "lifetime": lifetime, "lastseen": seen.isoformat()}
 
 
-@pytest.mark.parametrize("others,paused", [
-    ({"replica-b": peer(200)}, True),  # a higher priority lives: kopf pauses us
-    ({"replica-b": peer(100)}, True),  # the same priority: kopf pauses both
-    ({"replica-b": peer(50)}, False),
-    ({"replica-b": peer(200, seconds_ago=120)}, False),  # dead: its lifetime ran out
-    ({"kopf-freeze": peer(2**31, lifetime=3600)}, True),  # `kopf freeze`
+@pytest.mark.parametrize("others,paused", [  # peer(*args) built when the test runs: lastseen is relative to now
+    ({"replica-b": (200,)}, True),  # a higher priority lives: kopf pauses us
+    ({"replica-b": (100,)}, True),  # the same priority: kopf pauses both
+    ({"replica-b": (50,)}, False),
+    ({"replica-b": (200, 120)}, False),  # dead: its lifetime ran out
+    ({"kopf-freeze": (2**31, 0, 3600)}, True),  # `kopf freeze`
     ({}, False),
 ])
 def test_the_peering_rule_is_kopfs(others, paused):
-    body = {"status": {"replica-a": peer(100), **others}}
+    body = {"status": {"replica-a": peer(100), **{name: peer(*args) for name, args in others.items()}}}
     assert paused_by(body, "replica-a", 100, datetime.now(timezone.utc)) is paused
 
 
