@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-from operator_tests.test_reconcile import DEFAULTS, NAME, NS, TORCH, UID, FakeKube, body
+from operator_tests.test_reconcile import (DEFAULTS, NAME, NS, TORCH, UID, FakeKube, body,  # noqa: F401
+                                           kube, reconcile)  # kube and reconcile: the fixtures, shared
 
 from neuronmodel_operator import ownership
 from neuronmodel_operator.k8s import ApiError
@@ -24,16 +25,6 @@ VAP_403 = ("services \"llama\" is forbidden: ValidatingAdmissionPolicy 'no-servi
            "denied request: Services here are made by the platform team")
 WEBHOOK_403 = ('admission webhook "validation.gatekeeper.sh" denied the request: [no-lb] Services of type '
                'LoadBalancer are not allowed')
-
-
-@pytest.fixture
-def kube() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
-def reconcile(kube: FakeKube) -> Reconcile:
-    return Reconcile(kube, DEFAULTS)
 
 
 def ready_condition(kube: FakeKube) -> dict:
