@@ -63,9 +63,14 @@ default-model: $(STAMP)
 run: default-model
 	$(VENV)/bin/neuronmodel-runtime serve
 
+## What the tests need, made at once: the venvs' downloads and the model's conversion overlap the Go builds.
+.PHONY: test-deps
+test-deps:
+	$(MAKE) -j4 default-model k8s-bin vllm-parsers $(STAMP312)
+
 ## Every test: unit, parity, live server, import layering, vLLM's parser on the vllm engine's args; then the
 ## runtime's fast suite under Python 3.12.
-test: default-model k8s-bin vllm-parsers $(STAMP312)
+test: test-deps
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 	$(VENV312)/bin/python -m pytest -q tests/runtime_tests -m "not slow and not smollm2"

@@ -556,7 +556,7 @@ MUTATIONS += [
         CACHE,
     ),
     Mutation(
-        "cache: a holder back from a freeze deletes the lease that replaced its own", "artifacts/store.py",
+        "cache: a holder back from a freeze deletes the lease that replaced its own", "artifacts/file_store.py",
         "if not mine or now.token != token:\n                return False",
         "if not mine:\n                return False",
         CACHE,

@@ -139,6 +139,11 @@ def ensure(target: str, log=None) -> dict:
     """The target's image, built unless its inputs are: {"target", "image", "id", "cached", "seconds", ...}."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r} (one of {', '.join(TARGETS)})")
+    with tools.machine_lock():
+        return _ensure(target, log)
+
+
+def _ensure(target: str, log) -> dict:
     t0 = time.monotonic()
     built_base = base.ensure()
     wheels = wheelhouse.ensure(target)

@@ -10,11 +10,14 @@ are ours) and `runc` (the OCI runtime buildah runs RUN steps under, see RUNC_WRA
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -111,8 +114,29 @@ def configure() -> None:
 
 
 def ensure() -> None:
-    ensure_packages()
-    configure()
+    with machine_lock():
+        ensure_packages()
+        configure()
+
+
+@contextlib.contextmanager
+def machine_lock():
+    """One caller at a time on this machine (the test suite's workers, `make images`): apt, the base, the wheelhouses
+    and buildah's storage are shared; a second caller waits, then finds the work done. Re-entrant in one thread."""
+    if getattr(_lock_state, "held", False):
+        yield
+        return
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock_state.held = True
+        try:
+            yield
+        finally:
+            _lock_state.held = False
+
+
+_lock_state = threading.local()
 
 
 def env() -> dict[str, str]:

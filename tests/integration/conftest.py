@@ -301,4 +301,12 @@ class Api:
         selector = f"involvedObject.name={name},involvedObject.kind={kind}"
         return self.core.list_namespaced_event(self.ns, field_selector=selector).items
 
+    def warning(self, name: str, reason: str, timeout: float = 30, contains: str = "") -> str:
+        """Wait for the operator's Warning Event about the model: kopf posts Events from a queue of its own, so one
+        follows the status patch it explains by a moment. Its message."""
+        def posted():
+            return next((e.message for e in self.events(name)
+                         if e.type == "Warning" and e.reason == reason and contains in e.message), None)
+        return self.wait_until(f"a {reason} Warning Event about {name}", posted, timeout)
+
 

@@ -220,8 +220,7 @@ def test_unschedulable_pods_are_explained(api):
     ready = api.wait_until("the scheduler's verdict", ready_condition, 30)
     assert ready["reason"] == "Unschedulable" and "node" in ready["message"]
     # the Warning Event follows the status patch (the operator posts it after the status it explains)
-    api.wait_until("an Unschedulable Warning Event", lambda: any(e.reason == "Unschedulable" and e.type == "Warning"
-                                                                for e in api.events("nowhere")), 30)
+    api.warning("nowhere", "Unschedulable")
 
     # one trn2.48xlarge node with 64 NeuronCores: the second TP-64 replica finds none free
     api.apply(neuronmodel("toobig", {**TINY_SPEC, "framework": "nxdi", "instanceType": "trn2.48xlarge",

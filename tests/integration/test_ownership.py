@@ -46,7 +46,7 @@ def test_a_hand_made_service_named_like_the_model_is_never_taken_over(api, label
     assert f"Service {api.ns}/api exists and is not this NeuronModel's" in condition["message"]
     assert "rename the NeuronModel, or delete or rename the Service" in condition["message"]
     assert api.get("api")["status"]["phase"] == "Failed"
-    assert any(e.type == "Warning" and e.reason == "AlreadyOwned" for e in api.events("api"))
+    api.warning("api", "AlreadyOwned")
     service = api.core.read_namespaced_service("api", api.ns)
     assert service.spec.selector == {"app": "web"} and not service.metadata.owner_references
     assert api.deployment("api") is None  # nothing of the model was made meanwhile
@@ -107,4 +107,4 @@ def test_an_admission_policy_denial_names_the_policy_not_rbac(api, services_deni
                               "a child of this NeuronModel (an admission policy, not the operator's RBAC)")
     assert "Services here are made by the platform team" in message
     assert "RBAC against" not in message and not (api.get("denied")["status"].get("warnings"))
-    assert any(e.type == "Warning" and e.reason == "AdmissionDenied" for e in api.events("denied"))
+    api.warning("denied", "AdmissionDenied")

@@ -100,8 +100,7 @@ def test_an_operator_as_the_chart_defaults_it_refuses_node_paths_and_warns_witho
         (warning,) = body["status"]["warnings"]
         assert "contiguous" in warning and "--neuron-scheduler-name" in warning
         assert "schedulerName" not in body["status"]["resolved"]
-        assert any(e.type == "Warning" and e.reason == "NoNeuronScheduler" and "--neuron-scheduler-name" in e.message
-                   for e in api.events("unplaced"))
+        api.warning("unplaced", "NoNeuronScheduler", contains="--neuron-scheduler-name")
     finally:
         restricted.stop()
         operator.start(timeout=60)

@@ -54,5 +54,5 @@ def test_a_hub_that_does_not_answer_is_in_the_status_while_it_is_retried(api, hu
     assert ready["reason"] == "HubUnavailable"
     assert f"resolving hf://org/{api.ns}-down@main: the Hub at {hub_mirror.url} answered HTTP 503" in ready["message"]
     assert "retrying" in ready["message"]
-    assert any(e.type == "Warning" and e.reason == "HubUnavailable" for e in api.events("outage"))
+    api.warning("outage", "HubUnavailable")
     assert api.deployment("outage") is None

@@ -295,6 +295,16 @@ def test_the_native_lines_translation():
     assert json.loads(_flag(host, "--additional-config")) == {"neuron_config": {"on_device_sampling_config": None}}
 
 
+
+def test_the_native_line_drains_in_flight_requests_on_sigterm_and_the_nxdi_line_cannot():
+    """vLLM aborts its in-flight requests on SIGTERM unless --shutdown-timeout is above 0 (0.29's arg_utils: "0 =
+    abort, >0 = wait"); the native line waits as long as our runtime drains, inside the pod's grace period. vLLM 0.16
+    (the NxDI line) has no such flag: its parser would refuse it (test_vllm_args runs both parsers)."""
+    native = vllm.serve_command(_target(TRN2))
+    assert int(_flag(native, "--shutdown-timeout")) == pod.DRAIN_TIMEOUT_S < pod.TERMINATION_GRACE_S
+    assert "--shutdown-timeout" not in vllm.serve_command(_target(INF2))
+    assert "--shutdown-timeout" not in vllm_flags.shape_args(_spec(TRN2), "native")  # not in the compile key
+
 @pytest.mark.parametrize("base, method", [(TRN2, "eagle3"), (INF2, "eagle")])
 def test_eagle_is_the_lines_method_with_the_drafts_local_path(base, method):
     t = _target(base, speculation={"mode": "eagle", "numSpeculativeTokens": 5,
@@ -379,7 +389,7 @@ def test_the_compile_key_is_the_digest_of_what_the_pods_compile_with():
     inputs = vllm.key_inputs(t)
     assert t.resolved.compile_key == keys.digest(inputs)
     assert inputs["flags"] == vllm_flags.shape_args(t.spec, "native")  # the flags as the pods get them
-    assert inputs["flags"] == vllm.serve_command(t)[9:]
+    assert inputs["flags"] == vllm.serve_command(t)[11:]  # after the path, name, host, port and shutdown timeout
     assert (inputs["vllm"], inputs["plugin"], inputs["sdk"], inputs["target"], inputs["logicalCoreConfig"]) == \
         ("0.29.0", "0.29.0.1.2.0", "2.33.0", "trn2", 2)
     template = builders.deployment(t)["spec"]["template"]

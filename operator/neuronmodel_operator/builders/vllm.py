@@ -4,8 +4,11 @@ environment, and our runtime's containers that hand vLLM's compiled artifacts in
 `vllm serve ...` is the container's command, never args to the image's ENTRYPOINT: AWS's vLLM Neuron images run their
 args under `python vllm_entrypoint.py` (DLC common/vllm_entrypoint.py, `subprocess.check_call(sys.argv[1:])`), which
 as PID 1 with no SIGTERM handler ignores the kubelet's SIGTERM, so vLLM would never drain and every stop would wait
-out the grace period. As PID 1 itself, vLLM gets SIGTERM and finishes its in-flight requests. The model and the
-draft are the local paths sources.py places them at (the fetch init container downloads hf:// and s3://).
+out the grace period. As PID 1 itself, vLLM gets SIGTERM; what it does with the requests in flight is its release's
+rule: vLLM aborts them unless `--shutdown-timeout` is above 0 (its default), so the native line's pods pass the drain
+timeout our runtime uses (`DRAIN_TIMEOUT_S`, inside the grace period). vLLM 0.16 (the NxDI line) has no such flag: its
+shutdown aborts the streams in flight (vllm/entrypoints/launcher.py). The model and the draft are the local paths
+sources.py places them at (the fetch init container downloads hf:// and s3://).
 
 With a compile cache (spec.compileCache.url), vLLM's compile folder is handed through our store, named by the
 compile key (vllm_flags.key_inputs, the status' compileKey), by our runtime image (`neuronmodel-runtime artifacts`,
@@ -29,6 +32,7 @@ from typing import Any, Optional
 from neuronmodel_operator import images, vllm_flags
 from neuronmodel_operator.builders import sources
 from neuronmodel_operator.builders.common import Target
+from neuronmodel_operator.builders.configmap import DRAIN_TIMEOUT_S
 from neuronmodel_runtime.config import env as runtime_env
 from neuronmodel_runtime.config.keys import canonical_json
 
@@ -86,8 +90,10 @@ def serve_command(target: Target) -> list[str]:
     spec = target.spec
     command = ["vllm", "serve", sources.model_mount(spec).path,
                "--served-model-name", spec.model.served_model_name or target.name,
-               "--host", "0.0.0.0", "--port", str(spec.server.port),
-               *vllm_flags.shape_args(spec, line_of(target).line)]
+               "--host", "0.0.0.0", "--port", str(spec.server.port)]
+    if line_of(target).line == "native":  # drain in-flight requests on SIGTERM (vLLM's default, 0, aborts them)
+        command += ["--shutdown-timeout", str(DRAIN_TIMEOUT_S)]
+    command += vllm_flags.shape_args(spec, line_of(target).line)
     if (speculative := speculative_config(target)) is not None:
         command += ["--speculative-config", vllm_flags.as_json(speculative)]
     return command

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from neuronmodel_runtime.artifacts.file_store import FileStore
 from neuronmodel_runtime.artifacts.folder import ARTIFACTS_MARKER, install, no_space_as, staging
 from neuronmodel_runtime.artifacts.key import ArtifactKey, artifact_key, is_prepared, key_inputs, write_marker
-from neuronmodel_runtime.artifacts.store import (DEFAULT_LOCK_TTL_S, DEFAULT_POLL_S, ArtifactStore, CacheError,
-                                                 FileStore)
+from neuronmodel_runtime.artifacts.store import DEFAULT_LOCK_TTL_S, DEFAULT_POLL_S, ArtifactStore, CacheError
 from neuronmodel_runtime.config import RuntimeConfig, cache_root
 from neuronmodel_runtime.config import env as env_names
 

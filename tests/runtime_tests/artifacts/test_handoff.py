@@ -17,7 +17,7 @@ from neuronmodel_runtime import cli
 from neuronmodel_runtime.artifacts import handoff
 from neuronmodel_runtime.artifacts.folder import ARTIFACTS_MARKER
 from neuronmodel_runtime.artifacts.key import artifact_key
-from neuronmodel_runtime.artifacts.store import FileStore
+from neuronmodel_runtime.artifacts.file_store import FileStore
 from neuronmodel_runtime.config import env as env_names
 from neuronmodel_runtime.config import keys
 

@@ -25,7 +25,8 @@ import pytest
 from neuronmodel_runtime.artifacts.folder import ARTIFACTS_MARKER, sweep
 from neuronmodel_runtime.artifacts.key import artifact_key, canonical_json, is_prepared, write_marker
 from neuronmodel_runtime.artifacts.prepare import CacheMiss, Outcome, open_store, prepare
-from neuronmodel_runtime.artifacts.store import MANIFEST, CacheError, CacheLockTimeout, FileStore, lease_body
+from neuronmodel_runtime.artifacts.file_store import FileStore
+from neuronmodel_runtime.artifacts.store import MANIFEST, CacheError, CacheLockTimeout, lease_body
 
 RUNTIME = Path(__file__).resolve().parents[3] / "runtime"
 BUCKET = "artifacts"
