@@ -18,6 +18,9 @@ STAMP312 := $(VENV312)/.installed
 # pip replaces files, never writes into them), so the disk holds them once. util-linux's hardlink, where there is one.
 DEDUPE_VENVS = if command -v hardlink >/dev/null && test -d $(VENV) -a -d $(VENV312); then \
 	hardlink --quiet --content --minimum-size 1M $(VENV) $(VENV312); fi
+# The suite runs on every core (pytest-xdist; tests/conftest.py keeps a module, and the real node, on one worker).
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 # Where heavy, machine-wide artifacts live (converted models, Kubernetes binaries): never in the repo.
 export NEURONMODEL_CACHE ?= $(HOME)/.cache/neuronmodel
 
@@ -72,8 +75,8 @@ test-deps:
 ## runtime's fast suite under Python 3.12.
 test: test-deps
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
-	$(VENV312)/bin/python -m pytest -q tests/runtime_tests -m "not slow and not smollm2"
+	$(PY) -m pytest -q $(XDIST)
+	$(VENV312)/bin/python -m pytest -q $(XDIST) tests/runtime_tests -m "not slow and not smollm2"
 	$(PY) scripts/mutation.py
 
 ## The runtime's fast tests under Python 3.12 (.venv312, created on demand).
@@ -81,7 +84,7 @@ test-py312: $(STAMP312)
 	$(VENV312)/bin/python -m pytest -q tests/runtime_tests -m "not slow and not smollm2"
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not smollm2"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not smollm2"
 
 ## Mutation testing: known sampling / verification mistakes, each injected into a copy, must fail the tests.
 mutation: $(STAMP)

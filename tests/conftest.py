@@ -1,10 +1,13 @@
-"""How `make test` spreads the suite over the machine's cores (pytest-xdist, `-n 2 --dist loadgroup`).
+"""How `make test` spreads the suite over the machine's cores (pytest-xdist: `-n N --dist loadgroup`).
 
 Each test module stays on one worker, so its module-scoped fixtures (an operator process, a Ready model) start
 once; each worker has its own session fixtures (a control plane on free ports, its own data dirs). What exists once
 per machine runs on one worker: the real node (its kubelet, containerd, CNI bridge and iptables rules), the tests
 that build images (buildah's storage; `images.tools.machine_lock` serialises builds across processes too) and those
 of the OCI registry whose storage is the machine's cache (a second session gets an empty one, and pushes again).
+
+The groups are computed from the test's path by the scheduler itself: xdist 3.8's `xdist_group` marker no longer
+reaches its scheduler under pytest 9.2 (it renames `item._nodeid`, which pytest 9.2 no longer reads).
 """
 
 from __future__ import annotations
@@ -17,8 +20,20 @@ MACHINE_WIDE = ("tests/integration/realnode/", "tests/integration/test_image_bui
 MACHINE_GROUP = "machine"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(MACHINE_GROUP if path.startswith(MACHINE_WIDE) else path))
+def group_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module, or the machine's group."""
+    path = nodeid.split("::", 1)[0]
+    return MACHINE_GROUP if path.startswith(MACHINE_WIDE) else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup` with `group_of` as the groups (xdist's own scheduler of scopes, unchanged otherwise)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleAndMachine(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByModuleAndMachine(config, log)
