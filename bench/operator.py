@@ -45,8 +45,8 @@ Figures (one JSON line each):
   operator_rss_mb_500          the same after continuing to M = --rss-models (500) NeuronModels in total (the
                                warm-ups and the idle ones counted).
 
-Children are detected with one watch per kind (cluster-wide, label selector `neuronmodel.dev/name`), read as
-raw JSON lines; each records the client time an object is first seen.
+Children are detected with one watch per kind (bench/_child_watches.py: cluster-wide, label selector
+`neuronmodel.dev/name`), read as raw JSON lines; each records the client time an object is first seen.
 
 Per-arm API request breakdowns and the settle times go to stderr.
 
@@ -63,12 +63,12 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _child_watches import WATCHED, Watches
 from _harness import ROOT, figure
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -84,9 +84,6 @@ CRD = ROOT / "crds" / "neuronmodels.neuronmodel.dev.yaml"
 IMAGE = "neuronmodel-runtime:bench"
 WORKERS = 8  # the operator's default --workers; the direct arm's and the creating client's thread pools
 SPEC = {"model": {"source": "/var/lib/neuronmodel/models/tiny"}, "framework": "torch", "replicas": 0}
-#: The kinds watched: (API path prefix, plural, kind); the operator makes exactly these for SPEC.
-WATCHED = (("/api/v1", "configmaps", "ConfigMap"), ("/apis/apps/v1", "deployments", "Deployment"),
-           ("/api/v1", "services", "Service"))
 SETTLE_CPU = 0.05  # "settled": below this fraction of one core ...
 SETTLE_S = 3  # ... for this many consecutive seconds
 PLANE_CPU = 0.30  # and the control plane's processes together below this
@@ -99,91 +96,6 @@ IDLE_GOAL = "<= 500"  # one model on an idle operator: a user's `kubectl apply` 
 
 def log(message: str) -> None:
     print(f"# {message}", file=sys.stderr, flush=True)
-
-
-class Watches:
-    """One raw watch per child kind, cluster-wide; `seen[(namespace, kind, name)]` = client time first seen."""
-
-    def __init__(self, client):
-        self.client = client
-        self.seen: dict[tuple[str, str, str], float] = {}
-        self.lock = threading.Condition()
-        self.stopping = False
-        self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._run, args=kind, daemon=True, name=f"watch-{kind[1]}")
-                        for kind in WATCHED]
-
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
-
-    def _request(self, path: str, query: str):
-        headers = {"Accept": "application/json"}
-        self.client.update_params_for_auth(headers, None, ["BearerToken"], path, "GET", None)
-        return self.client.rest_client.pool_manager.request(
-            "GET", self.client.configuration.host + path + "?" + query, headers=headers, preload_content=False,
-            timeout=None)
-
-    def _run(self, prefix: str, plural: str, kind: str) -> None:
-        selector = f"labelSelector={api.LABEL_NAME}"
-        path = f"{prefix}/{plural}"
-        version = ""
-        while not self.stopping:
-            try:
-                if not version:  # list (at the start, or after a 410) to learn a resourceVersion
-                    response = self._request(path, selector)
-                    body = json.loads(response.read())
-                    now = time.perf_counter()
-                    with self.lock:
-                        for item in body["items"]:
-                            self._saw(kind, item["metadata"], now)
-                    version = body["metadata"]["resourceVersion"]
-                response = self._request(path, f"{selector}&watch=1&resourceVersion={version}&timeoutSeconds=900"
-                                         "&allowWatchBookmarks=true")
-                buffer = b""
-                for chunk in response.stream(65536, decode_content=True):
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    now = time.perf_counter()
-                    for line in lines:
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        if event["type"] == "ERROR":  # 410 Gone: relist
-                            version = ""
-                            break
-                        meta = event["object"]["metadata"]
-                        version = meta.get("resourceVersion", version)
-                        if event["type"] in ("ADDED", "MODIFIED"):
-                            with self.lock:
-                                self._saw(kind, meta, now)
-                    if self.stopping or not version:
-                        break
-                response.release_conn()
-            except Exception as exc:  # noqa: BLE001 - a dropped watch is re-opened; record why
-                if not self.stopping:
-                    self.errors.append(f"{kind}: {exc!r}")
-                    time.sleep(0.5)
-
-    def _saw(self, kind: str, meta: dict, now: float) -> None:
-        key = (meta["namespace"], kind, meta["name"])
-        if key not in self.seen:
-            self.seen[key] = now
-            self.lock.notify_all()
-
-    def wait_for(self, keys: list[tuple[str, str, str]], timeout: float, what: str) -> float:
-        """Block until every key has been seen; the latest first-seen time among them."""
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            while True:
-                missing = [key for key in keys if key not in self.seen]
-                if not missing:
-                    return max(self.seen[key] for key in keys)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{what}: {len(missing)} of {len(keys)} objects never appeared, e.g. "
-                                       f"{missing[:3]}; watch errors: {self.errors[-3:]}")
-                self.lock.wait(min(left, 1.0))
 
 
 #: The operator's settings, as the arm runs it (a node path is the tiny model's source).

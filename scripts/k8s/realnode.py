@@ -3,7 +3,8 @@
     PYTHONPATH=scripts python -m k8s.realnode up      # control plane (.cluster/) + the node; prints KUBECONFIG
     PYTHONPATH=scripts python -m k8s.realnode down    # removes the node (state in $TMPDIR/neuronmodel-realnode)
 
-What it runs (all from the pinned v1.34.4 build of `k8s.install` and Debian 12 packages):
+What it runs (all from the pinned v1.34.4 build of `k8s.install` and Debian 12 packages; the files each daemon
+reads are made by `k8s.realnode_config`):
   * containerd 1.6 with its own config, root, state and socket under the node's data dir; the CRI plugin with
     runc through a wrapper that clamps `oomScoreAdj` up to containerd's own (this sandbox forbids lowering it:
     runc fails with "can't get final child's PID from pipe"); cgroupfs; the locally built pause image
@@ -50,8 +51,9 @@ import time
 from pathlib import Path
 
 from k8s import cluster, install, pause
+from k8s import realnode_config
 from k8s import realnode_host as host
-from k8s.cluster import SERVICE_CIDR, ControlPlane, _alive, _free_port, _get
+from k8s.cluster import ControlPlane, _alive, _free_port, _get
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "neuronmodel-realnode"
 START_TIMEOUT_S = 120
@@ -71,76 +73,6 @@ API_PORT = 6443
 CNI_CACHE = Path("/var/lib/cni")
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
 SHIM_SOCKETS = Path("/run/containerd")
-
-RUNC_WRAPPER = '''#!{python} -IS
-"""runc, with process.oomScoreAdj raised to this process's own (lowering it is forbidden in this sandbox)."""
-import json, os, sys
-args = sys.argv[1:]
-try:
-    floor = int(open("/proc/self/oom_score_adj").read())
-except (OSError, ValueError):
-    floor = 0
-def value(flags):
-    for i, arg in enumerate(args):
-        for flag in flags:
-            if arg == flag and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith(flag + "="):
-                return arg.split("=", 1)[1]
-    return None
-def clamp(path, nested):
-    try:
-        with open(path) as f:
-            spec = json.load(f)
-    except (OSError, ValueError):
-        return
-    process = spec.get("process") if nested else spec
-    if isinstance(process, dict) and process.get("oomScoreAdj", floor) < floor:
-        process["oomScoreAdj"] = floor
-        with open(path + ".clamped", "w") as f:
-            json.dump(spec, f)
-        os.replace(path + ".clamped", path)
-if "create" in args or "run" in args:
-    clamp(os.path.join(value(("--bundle", "-b")) or ".", "config.json"), True)
-if "exec" in args and value(("--process", "-p")):
-    clamp(value(("--process", "-p")), False)
-os.execv("{runc}", ["runc", *args])
-'''
-
-
-API_FORWARDER = '''#!{python} -IS
-"""TCP from the node IP to the apiserver's loopback port, byte for byte (TLS stays end to end)."""
-import asyncio, sys
-listen_host, listen_port = sys.argv[1].rsplit(":", 1)
-target_host, target_port = sys.argv[2].rsplit(":", 1)
-async def pipe(reader, writer):
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except OSError:
-        pass
-    finally:
-        writer.close()
-async def handle(reader, writer):
-    try:
-        up_reader, up_writer = await asyncio.open_connection(target_host, int(target_port))
-    except OSError:
-        writer.close()
-        return
-    await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-async def main():
-    server = await asyncio.start_server(handle, listen_host, int(listen_port), reuse_address=True)
-    print(f"forwarding {sys.argv[1]} -> {sys.argv[2]}", flush=True)
-    async with server:
-        await server.serve_forever()
-asyncio.run(main())
-'''
-
-
-def _toml(value) -> str:
-    return json.dumps(value)  # a JSON string, number, bool or list of strings is TOML
-
 
 class RealNode:
     """One real node joined to `plane`; `start()` returns the start-to-Ready seconds."""
@@ -291,18 +223,7 @@ class RealNode:
         host.block_pod_egress(self.bridge)
         net = self.data_dir / "cni" / "net.d"
         net.mkdir(parents=True)
-        (net / "10-neuronmodel.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": self.network,
-            "plugins": [{
-                "type": "bridge", "bridge": self.bridge,
-                # isGateway false: the plugin would turn on the global ip_forward; the bridge has the gateway address
-                "isGateway": False, "isDefaultGateway": False, "ipMasq": False, "hairpinMode": True,
-                "ipam": {"type": "host-local", "dataDir": str(self.data_dir / "cni" / "ipam"),
-                         "ranges": [[{"subnet": self.pod_cidr, "gateway": self.gateway}]],
-                         # no default route: pods reach their subnet (on link) and Service IPs, nothing else
-                         "routes": [{"dst": SERVICE_CIDR, "gw": self.gateway}]},
-            }],
-        }, indent=1))
+        (net / "10-neuronmodel.conflist").write_text(json.dumps(realnode_config.cni_network(self), indent=1))
         (self.data_dir / "resolv.conf").write_text("# the real node's pods: no DNS beyond this pod\n"
                                                    "nameserver 127.0.0.1\noptions ndots:1\n")
 
@@ -341,15 +262,7 @@ class RealNode:
         self._kubeconfig(self.data_dir / "kube-proxy.kubeconfig", "kube-proxy")
 
     def _kubeconfig(self, path: Path, stem: str) -> None:
-        pki = self.data_dir / "pki"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "node",
-            "clusters": [{"name": "local", "cluster": {"server": self.plane.server,
-                                                       "certificate-authority": str(self.plane.pki / "ca.crt")}}],
-            "users": [{"name": stem, "user": {"client-certificate": str(pki / f"{stem}.crt"),
-                                              "client-key": str(pki / f"{stem}.key")}}],
-            "contexts": [{"name": "node", "context": {"cluster": "local", "user": stem}}],
-        }, indent=1))
+        path.write_text(json.dumps(realnode_config.kubeconfig(self, stem), indent=1))
         path.chmod(0o600)
 
     def _start_containerd(self) -> None:
@@ -358,50 +271,13 @@ class RealNode:
         wrapper = self.data_dir / "bin" / "runc"
         wrapper.parent.mkdir()
         python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
-        wrapper.write_text(RUNC_WRAPPER.replace("{python}", python).replace("{runc}", "/usr/sbin/runc"))
+        wrapper.write_text(realnode_config.RUNC_WRAPPER.replace("{python}", python)
+                           .replace("{runc}", "/usr/sbin/runc"))
         wrapper.chmod(0o755)
         for registry in self.registries:
             (d / "certs.d" / registry).mkdir(parents=True)
-            (d / "certs.d" / registry / "hosts.toml").write_text(
-                f'server = "http://{registry}"\n\n[host."http://{registry}"]\n  capabilities = ["pull", "resolve"]\n')
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        (d / "config.toml").write_text(f"""version = 2
-root = {_toml(str(d / "root"))}
-state = {_toml(str(d / "state"))}
-disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.tracing.processor.v1.otlp"]
-[grpc]
-  address = {_toml(str(self.socket))}
-[ttrpc]
-  address = {_toml(str(self.socket) + ".ttrpc")}
-[metrics]
-  address = ""
-[{cri}]
-  sandbox_image = {_toml(pause.PAUSE_IMAGE)}
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  netns_mounts_under_state_dir = true
-  enable_selinux = false
-  restrict_oom_score_adj = false
-[{cri}.containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-  # an unpacked layer's compressed blob is dropped: the runtime image (about 6 GB) is on disk once, not twice
-  discard_unpacked_layers = true
-[{cri}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[{cri}.containerd.runtimes.runc.options]
-  BinaryName = {_toml(str(wrapper))}
-  Root = {_toml(str(self.data_dir / "runc"))}
-  SystemdCgroup = false
-[{cri}.cni]
-  bin_dir = "/usr/lib/cni"
-  conf_dir = {_toml(str(self.data_dir / "cni" / "net.d"))}
-  max_conf_num = 1
-[{cri}.registry]
-  config_path = {_toml(str(d / "certs.d"))}
-""")
+            (d / "certs.d" / registry / "hosts.toml").write_text(realnode_config.registry_hosts(registry))
+        (d / "config.toml").write_text(realnode_config.containerd_config(self, wrapper))
         self._spawn("containerd", "/usr/bin/containerd", f"--config={d / 'config.toml'}", "--log-level=warn")
         self._wait("containerd", lambda: self.ctr("version", check=False).returncode == 0)
         self.import_image(pause.pause_archive())
@@ -410,35 +286,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         self.images = {"pause": pause.PAUSE_IMAGE, "busybox": name}
 
     def _start_kubelet(self) -> None:
-        pki, ca = self.data_dir / "pki", str(self.plane.pki / "ca.crt")
+        pki = self.data_dir / "pki"
         port, healthz = _free_port(), _free_port()
         config = self.data_dir / "kubelet-config.json"
-        config.write_text(json.dumps({
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "address": self.node_ip, "port": port, "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": healthz,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": ca}},
-            "authorization": {"mode": "Webhook"},
-            "tlsCertFile": str(pki / "kubelet-serving.crt"), "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
-            "serverTLSBootstrap": False, "rotateCertificates": False,
-            "containerRuntimeEndpoint": f"unix://{self.socket}",
-            "cgroupDriver": "cgroupfs", "cgroupsPerQOS": True, "cgroupRoot": f"/{self.cgroup}",
-            "enforceNodeAllocatable": ["pods"], "failSwapOn": False, "failCgroupV1": False,
-            "makeIPTablesUtilChains": False,
-            # The disk is the machine's, shared with the builds: no disk signal evicts ("0%" turns one off) and
-            # image GC never starts (100%). Reclaiming would delete the pause image, which containerd 1.6 does not
-            # pin, and every later pod would fail "failed to get sandbox image"; a full disk fails plainly instead.
-            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "0%", "nodefs.inodesFree": "0%",
-                             "imagefs.available": "0%", "imagefs.inodesFree": "0%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "resolvConf": str(self.data_dir / "resolv.conf"), "clusterDomain": "cluster.local",
-            "clusterDNS": [self.gateway],  # k8s.realnode_dns, on the bridge's address
-            "maxPods": 16, "podCIDR": self.pod_cidr, "podLogsDir": str(self.data_dir / "pod-logs"),
-            "registerNode": True, "registerWithTaints": [TAINT],
-            "nodeStatusReportFrequency": "10s", "syncFrequency": "10s",
-            "staticPodPath": "", "kernelMemcgNotification": False, "protectKernelDefaults": False,
-        }, indent=1))
+        config.write_text(json.dumps(realnode_config.kubelet_config(self, port, healthz, [TAINT]), indent=1))
         labels = ",".join(f"{k}={v}" for k, v in LABELS.items())
         self._spawn("kubelet", str(install.bin_dir() / "kubelet"), f"--config={config}",
                     f"--kubeconfig={self.kubeconfig}", f"--root-dir={self.data_dir / 'kubelet'}",
@@ -449,17 +300,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     def _start_kube_proxy(self) -> None:
         healthz, metrics = _free_port(), _free_port()
         config = self.data_dir / "kube-proxy-config.json"
-        config.write_text(json.dumps({
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-            "clientConnection": {"kubeconfig": str(self.data_dir / "kube-proxy.kubeconfig")},
-            "mode": "iptables", "clusterCIDR": self.pod_cidr, "hostnameOverride": self.name,
-            "bindAddress": self.node_ip, "healthzBindAddress": f"127.0.0.1:{healthz}",
-            "metricsBindAddress": f"127.0.0.1:{metrics}", "nodePortAddresses": [f"{self.node_ip}/32"],
-            # no sysctl writes: leave the machine's conntrack table and route_localnet as they are
-            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
-            "iptables": {"localhostNodePorts": False, "masqueradeAll": False, "syncPeriod": "30s",
-                         "minSyncPeriod": "0s"},
-        }, indent=1))
+        config.write_text(json.dumps(realnode_config.kube_proxy_config(self, healthz, metrics), indent=1))
         self._spawn("kube-proxy", str(install.bin_dir() / "kube-proxy"), f"--config={config}", "--v=1")
         self._wait("kube-proxy healthz", lambda: _get(f"http://127.0.0.1:{healthz}/healthz")[0] == 200)
 
@@ -470,7 +311,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         still end at the pod subnet and the Service CIDR. The serving cert names the ClusterIP (`k8s.cluster`)."""
         forwarder = self.data_dir / "bin" / "api-forwarder"
         python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
-        forwarder.write_text(API_FORWARDER.replace("{python}", python))
+        forwarder.write_text(realnode_config.API_FORWARDER.replace("{python}", python))
         forwarder.chmod(0o755)
         api = self.plane.server.removeprefix("https://")
         self._spawn("api-forwarder", str(forwarder), f"{self.node_ip}:{API_PORT}", api)

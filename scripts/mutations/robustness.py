@@ -1,0 +1,59 @@
+"""Mutations of what fuzzing, chaos and overload runs found: a spec refused while building the children, the
+sweep of pruned revisions' ConfigMaps, request limits, malformed input, dropped streams and the SIGTERM drain."""
+
+from .definition import OPERATOR, Mutation
+from .selections import FUZZ, OVERLOAD, RECONCILE, REQUEST_LIMITS
+
+MUTATIONS = [
+    Mutation(
+        "reconcile: a SpecError found while building the children left to the handler (no status, retried forever)",
+        "reconcile.py", "except api.SpecError as exc:  # found only once the children are built",
+        "except NotImplementedError as exc:  # found only once the children are built",
+        RECONCILE + ("-k", "spec_error_fails"), package=OPERATOR,
+    ),
+    Mutation(
+        "reconcile: a pruned ReplicaSet's runtime ConfigMap kept (no sweep on its watch event)", "reconcile.py",
+        "if any(live is None and key[0] in REVISION_HOLDERS", "if False and any(live is None",
+        RECONCILE + ("-k", "kept_while_used"), package=OPERATOR,
+    ),
+    Mutation(
+        "body limit: a chunked body's bytes not counted (no Content-Length, no limit)", "server/limits.py",
+        "if size > self.max_bytes:", "if False:", REQUEST_LIMITS + ("-k", "chunked"),
+    ),
+    Mutation(
+        "body limit: Content-Length not checked (the server waits for a gigabyte before refusing it)",
+        "server/limits.py", "if declared is not None and declared > self.max_bytes:", "if False:",
+        REQUEST_LIMITS + ("-k", "declared_length"),
+    ),
+    Mutation(
+        "request limits: the stop count not checked", "server/limits.py",
+        "if len(stop) > limits.max_stop_sequences:", "if False:", REQUEST_LIMITS + ("-k", "over_its_limit"),
+    ),
+    Mutation(
+        "protocol: a lone surrogate accepted as text (the tokenizer fails: a 500)", "server/protocol.py",
+        'text.encode("utf-8")', 'text.encode("utf-8", "surrogatepass")', FUZZ + ("-k", "surrogate"),
+    ),
+    Mutation(
+        "errors: invalid requests answered with FastAPI's 422 body, not OpenAI's error", "server/errors.py",
+        "app.add_exception_handler(RequestValidationError, _on_validation_error)", "pass",
+        FUZZ + ("-k", "generated_requests"),
+    ),
+    Mutation(
+        "scheduler: an aborted request leaves the batch without its slot freed (each dropped stream leaks a slot)",
+        "engine/scheduler.py", "for req in out.aborted:\n            self._release(req)",
+        "for req in out.aborted:\n            self.running.pop(req.slot, None)", OVERLOAD,
+    ),
+    Mutation(
+        "serving: a stream its client dropped not aborted (its slot stays busy until max_tokens)", "server/serving.py",
+        "self._closed = True\n        self.abort()", "self._closed = True", OVERLOAD,
+    ),
+    Mutation(
+        "drain: SIGTERM does not wait for the requests in flight (uvicorn's 5 s close, then the engine stops)",
+        "server/serving.py", "if await self._wait_live(timeout):", "if True:", OVERLOAD,
+    ),
+    Mutation(
+        "drain: the draining flag never set (/ready and new requests answer the engine's 'not_ready', not 'draining')",
+        "server/serving.py", "self.draining = True\n        self.engine.stop_accepting()",
+        "self.engine.stop_accepting()", OVERLOAD,
+    ),
+]
