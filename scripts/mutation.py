@@ -6,7 +6,8 @@ For every mutation in scripts/mutations/, the script copies the repository's run
 tests into a temporary directory, applies the mutation as an exact text replacement (it stops at once, naming the
 mutation, when the target text is not found exactly once, so the list cannot rot silently), runs only the test files
 that mutation needs against the mutated copy, and requires that run to FAIL. Every selection of tests the mutations
-run must pass on the unmutated code first. Each pytest process asserts, before collecting, that
+run must pass on the unmutated code first. Each pytest run is a process forked from a fork server that has imported
+the heavy third-party modules once (PRELOAD) and none of ours; it asserts, before collecting, that
 `neuronmodel_runtime` is imported from the copy and that the imported module holds the mutated text; bytecode is
 never written, so no stale cache can hide a mutation.
 
@@ -22,10 +23,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import multiprocessing
 import os
 import queue
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,20 +86,42 @@ def check_targets(mutations: list[Mutation]) -> None:
                      f"once); update scripts/mutations/ to the current code:\n    {m.old}")
 
 
-def run_tests(root: Path, tests: tuple[str, ...], mutation: Mutation | None, verbose: bool,
-              threads: int | None = None) -> tuple[int, str, float]:
+#: What the fork server imports once, so that each pytest run it forks starts with them loaded (torch alone takes
+#: seconds to import, and there are ~130 runs): third-party modules only; each run imports our packages from its own
+#: copy, which BOOT checks. A module missing here is skipped by multiprocessing, never an error.
+FORKS = multiprocessing.get_context("forkserver")
+PRELOAD = ["torch", "numpy", "transformers", "safetensors", "pydantic", "fastapi", "starlette", "httpx", "kopf",
+           "kubernetes", "yaml", "hypothesis", "pytest", "_pytest.python", "pytest_asyncio"]
+
+
+def _pytest_in_copy(argv: list[str], env: dict[str, str], root: str, log: str) -> None:
+    """One run, in a process forked from the fork server: its output into `log`, the copy as its directory and
+    PYTHONPATH (subprocesses the tests start import the copy too), no bytecode, then BOOT, which exits."""
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.chdir(root)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.dont_write_bytecode = True
+    sys.argv = argv
+    exec(compile(BOOT, "<mutation.py BOOT>", "exec"), {"__name__": "__main__"})
+
+
+def run_tests(root: Path, tests: tuple[str, ...], mutation: Mutation | None, verbose: bool) -> tuple[int, str, float]:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": f"{root / 'runtime'}:{root / 'operator'}"}
-    if threads:  # torch's intra-op pool, one per worker, so parallel runs do not fight over the cores
-        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     module, needle = (mutation.module, mutation.new) if mutation else ("", "")
-    args = [sys.executable, "-c", BOOT, str(root), module, needle,
-            "-q", "-x", "-p", "no:cacheprovider", "--rootdir", str(root), *tests]
+    argv = ["BOOT", str(root), module, needle, "-q", "-x", "-p", "no:cacheprovider", "--rootdir", str(root), *tests]
     start = time.monotonic()
-    proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
-    output = proc.stdout + proc.stderr
+    with tempfile.NamedTemporaryFile(prefix="pytest-", suffix=".log", dir=root.parent) as log:
+        proc = FORKS.Process(target=_pytest_in_copy, args=(argv, env, str(root), log.name))
+        proc.start()
+        proc.join()
+        output = Path(log.name).read_text(errors="replace")
     if verbose:
         print(output[-4000:])
-    return proc.returncode, output, time.monotonic() - start
+    return proc.exitcode, output, time.monotonic() - start
 
 
 class Copies:
@@ -121,21 +144,35 @@ class Copies:
             self.free.put(root)
 
 
-def mutated_run(copies: Copies, m: Mutation, verbose: bool, threads: int | None) -> tuple[int, str, float]:
+def mutated_run(copies: Copies, m: Mutation, verbose: bool) -> tuple[int, str, float]:
     with copies.take() as root:
         target = root / m.package / m.path
         original = target.read_text()
         target.write_text(original.replace(m.old, m.new, 1))
         try:
-            return run_tests(root, m.tests, m, verbose, threads)
+            return run_tests(root, m.tests, m, verbose)
         finally:
             target.write_text(original)
 
 
-def unmutated_run(copies: Copies, tests: tuple[str, ...], verbose: bool,
-                  threads: int | None) -> tuple[int, str, float]:
+def unmutated_run(copies: Copies, tests: tuple[str, ...], verbose: bool) -> tuple[int, str, float]:
     with copies.take() as root:
-        return run_tests(root, tests, None, verbose, threads)
+        return run_tests(root, tests, None, verbose)
+
+
+def baseline_runs(selections: list[tuple[str, ...]], jobs: int) -> list[tuple[str, ...]]:
+    """Few pytest runs whose passing proves every selection passes on the unmutated code (each run's start, torch's
+    import, costs seconds): the files some selection takes whole, in one run per worker; every other file alone, with
+    its selections' `-k` expressions or'ed. A run holds each selection's tests, and maybe more, never fewer."""
+    whole = list(dict.fromkeys(tests[0] for tests in selections if len(tests) == 1))
+    narrowed: dict[str, list[str]] = {}
+    for tests in selections:
+        if len(tests) != 1 and tests[0] not in whole:
+            file, flag, expression = tests
+            assert flag == "-k", tests
+            narrowed.setdefault(file, []).append(f"({expression})")
+    return [tuple(whole[i::jobs]) for i in range(min(jobs, len(whole)))] + [
+        (file, "-k", " or ".join(dict.fromkeys(expressions))) for file, expressions in narrowed.items()]
 
 
 def verdict_of(m: Mutation, rc: int, output: str) -> tuple[str, bool, str]:
@@ -159,24 +196,29 @@ def main() -> int:
     check_targets(MUTATIONS)
     started = time.monotonic()
     jobs = max(1, opts.jobs)
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    if jobs > 1:  # torch's intra-op pool, split between the workers: set before the fork server imports torch
+        threads = str(max(1, (os.cpu_count() or 1) // jobs))
+        os.environ |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    FORKS.set_forkserver_preload(PRELOAD)
     failed = False
     with tempfile.TemporaryDirectory(prefix="neuronmodel-mutation-") as tmp, \
             concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         copies = Copies(Path(tmp), jobs)
-        # the unmutated code passes every test a mutation runs: each distinct selection once
+        # the unmutated code passes every test a mutation runs
         selections = list(dict.fromkeys(m.tests for m in mutations))
-        runs = pool.map(lambda tests: unmutated_run(copies, tests, opts.verbose, threads), selections)
+        baseline = baseline_runs(selections, jobs)
+        runs = pool.map(lambda tests: unmutated_run(copies, tests, opts.verbose), baseline)
         seconds = 0.0
-        for tests, (rc, output, took) in zip(selections, runs):
+        for tests, (rc, output, took) in zip(baseline, runs):
             seconds += took
             if rc != 0:
                 print(output[-4000:])
                 print(f"unmutated run of {' '.join(tests)} FAILED (exit {rc}) [{took:.0f}s]: fix the tests "
                       "before mutating")
                 return 1
-        print(f"passes      unmutated code ({len(selections)} test selections) [{seconds:.0f}s]", flush=True)
-        results = pool.map(lambda m: mutated_run(copies, m, opts.verbose, threads), mutations)
+        print(f"passes      unmutated code ({len(selections)} test selections in {len(baseline)} runs) "
+              f"[{seconds:.0f}s]", flush=True)
+        results = pool.map(lambda m: mutated_run(copies, m, opts.verbose), mutations)
         for m, (rc, output, took) in zip(mutations, results):  # in the list's order, as each finishes
             verdict, bad, by = verdict_of(m, rc, output)
             failed |= bad

@@ -1,0 +1,61 @@
+"""How the suite spreads over the cores (tests/conftest.py) and how the mutation script proves its selections pass
+before mutating (scripts/mutation.py): neither may drop a test or split what must stay together."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mutation():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import mutation
+        yield mutation
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+
+
+@pytest.mark.parametrize("nodeid, group", [
+    ("tests/integration/realnode/test_end_to_end.py::test_x", "machine"),
+    ("tests/integration/realnode/test_real_node.py::test_y[a]", "machine"),
+    ("tests/integration/test_image_build.py::test_z", "machine"),
+    ("tests/integration/test_chart_oci.py::test_w", "machine"),
+    ("tests/integration/test_operator.py::test_v", "tests/integration/test_operator.py"),
+    ("tests/runtime_tests/server/test_fuzz.py::test_generated[GET /health]", "tests/runtime_tests/server/test_fuzz.py"),
+])
+def test_a_module_stays_on_one_worker_and_the_real_node_on_one_for_all(nodeid, group):
+    from conftest import group_of  # tests/conftest.py: pythonpath has tests/
+
+    assert group_of(nodeid) == group
+
+
+def test_every_module_that_starts_the_real_node_or_builds_images_is_in_the_machines_group():
+    from conftest import MACHINE_WIDE
+
+    users = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")
+             if p != Path(__file__) and any(word in p.read_text()
+                                            for word in ("real_node", "oci_registry", "build.ensure"))}
+    outside = {u for u in users if not u.startswith(MACHINE_WIDE)}
+    # test_vllm_args builds its image under images.tools.machine_lock and uses neither the node nor the registry
+    assert outside <= {"tests/operator_tests/test_vllm_args.py"}, outside
+
+
+def test_the_baseline_runs_hold_every_selection_a_mutation_runs(mutation):
+    selections = list(dict.fromkeys(m.tests for m in mutation.MUTATIONS))
+    for jobs in (1, 2, 3):
+        runs = mutation.baseline_runs(selections, jobs)
+        whole = {file for run in runs if "-k" not in run for file in run}
+        narrowed = {run[0]: run[2] for run in runs if "-k" in run}
+        assert len([run for run in runs if "-k" not in run]) <= jobs
+        for tests in selections:
+            if len(tests) == 1:
+                assert tests[0] in whole, tests
+            else:
+                assert tests[0] in whole or f"({tests[2]})" in narrowed[tests[0]], tests
+        assert len(runs) < len(selections)
