@@ -66,18 +66,29 @@ default-model: $(STAMP)
 run: default-model
 	$(VENV)/bin/neuronmodel-runtime serve
 
-## What the tests need, made at once: the venvs' downloads and the model's conversion overlap the Go builds.
-.PHONY: test-deps
+## What the tests need, made at once: the venvs' and images' downloads and the model's conversion overlap the Go
+## builds.
+.PHONY: test-deps test-images
 test-deps:
-	$(MAKE) -j4 default-model k8s-bin vllm-parsers $(STAMP312)
+	$(MAKE) -j5 default-model k8s-bin vllm-parsers $(STAMP312) test-images
+
+## The images the image and real-node tests run, built (or found cached) where those tests can run: as root.
+test-images: $(STAMP)
+	@if [ "$$(id -u)" = 0 ]; then PYTHONPATH=scripts $(PY) -m images.build operator runtime-cpu runtime-vllm-cpu; \
+	else echo "test-images: not root, so the image and real-node tests skip: nothing to build"; fi
 
 ## Every test: unit, parity, live server, import layering, vLLM's parser on the vllm engine's args; then the
 ## runtime's fast suite under Python 3.12.
 test: test-deps
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q $(XDIST)
-	$(VENV312)/bin/python -m pytest -q $(XDIST) tests/runtime_tests -m "not slow and not smollm2"
+	$(MAKE) -j2 --output-sync=target test-main test-py312
 	$(PY) scripts/mutation.py
+
+## The main suite on every core. `make test` runs the Python 3.12 suite beside it, on one process: the main suite's
+## last minutes leave a core idle (the real node's tests run one after another).
+.PHONY: test-main
+test-main: $(STAMP)
+	$(PY) -m pytest -q $(XDIST)
 
 ## The runtime's fast tests under Python 3.12 (.venv312, created on demand).
 test-py312: $(STAMP312)

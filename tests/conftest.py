@@ -2,9 +2,9 @@
 
 Each test module stays on one worker, so its module-scoped fixtures (an operator process, a Ready model) start
 once; each worker has its own session fixtures (a control plane on free ports, its own data dirs). What exists once
-per machine runs on one worker: the real node (its kubelet, containerd, CNI bridge and iptables rules), the tests
-that build images (buildah's storage; `images.tools.machine_lock` serialises builds across processes too) and those
+per machine runs on one worker: the real node (its kubelet, containerd, CNI bridge and iptables rules) and the tests
 of the OCI registry whose storage is the machine's cache (a second session gets an empty one, and pushes again).
+Image builds, wherever they run, take `images.tools.machine_lock`, so one worker's build waits for the other's.
 
 The groups are computed from the test's path by the scheduler itself: xdist 3.8's `xdist_group` marker no longer
 reaches its scheduler under pytest 9.2 (it renames `item._nodeid`, which pytest 9.2 no longer reads).
@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 
 #: Test paths (prefixes of node ids) whose tests share one worker: they use what the machine has once.
-MACHINE_WIDE = ("tests/integration/realnode/", "tests/integration/test_image_build.py",
-                "tests/integration/test_chart_oci.py")
+MACHINE_WIDE = ("tests/integration/realnode/", "tests/integration/test_chart_oci.py")
 MACHINE_GROUP = "machine"
 
 

@@ -24,7 +24,7 @@ def mutation():
 @pytest.mark.parametrize("nodeid, group", [
     ("tests/integration/realnode/test_end_to_end.py::test_x", "machine"),
     ("tests/integration/realnode/test_real_node.py::test_y[a]", "machine"),
-    ("tests/integration/test_image_build.py::test_z", "machine"),
+    ("tests/integration/test_image_build.py::test_z", "tests/integration/test_image_build.py"),
     ("tests/integration/test_chart_oci.py::test_w", "machine"),
     ("tests/integration/test_operator.py::test_v", "tests/integration/test_operator.py"),
     ("tests/runtime_tests/server/test_fuzz.py::test_generated[GET /health]", "tests/runtime_tests/server/test_fuzz.py"),
@@ -35,15 +35,12 @@ def test_a_module_stays_on_one_worker_and_the_real_node_on_one_for_all(nodeid, g
     assert group_of(nodeid) == group
 
 
-def test_every_module_that_starts_the_real_node_or_builds_images_is_in_the_machines_group():
+def test_every_module_that_uses_the_real_node_or_the_cached_registry_is_in_the_machines_group():
     from conftest import MACHINE_WIDE
 
     users = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")
-             if p != Path(__file__) and any(word in p.read_text()
-                                            for word in ("real_node", "oci_registry", "build.ensure"))}
-    outside = {u for u in users if not u.startswith(MACHINE_WIDE)}
-    # test_vllm_args builds its image under images.tools.machine_lock and uses neither the node nor the registry
-    assert outside <= {"tests/operator_tests/test_vllm_args.py"}, outside
+             if p != Path(__file__) and any(word in p.read_text() for word in ("real_node", "oci_registry"))}
+    assert users and {u for u in users if not u.startswith(MACHINE_WIDE)} == set()
 
 
 def test_the_baseline_runs_hold_every_selection_a_mutation_runs(mutation):

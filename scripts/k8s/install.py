@@ -293,15 +293,13 @@ def _scratch_go_caches():
 def ensure() -> None:
     """Install every missing component; print each one's time and the total.
 
-    As root on Debian, also the real node's missing Debian packages (`ensure_node_packages`); elsewhere
-    a note (the real node's tests then skip, saying why)."""
+    As root on Debian, also the real node's missing Debian packages (`ensure_node_packages`, beside the builds);
+    elsewhere a note (the real node's tests then skip, saying why)."""
     start = time.monotonic()
-    if missing_node_packages():
-        if os.geteuid() == 0 and shutil.which("apt-get"):
-            ensure_node_packages()
-        else:
-            print(f"k8s-bin: the real node needs Debian packages {' '.join(missing_node_packages())} "
-                  "(apt-get install as root); skipped", flush=True)
+    apt = missing_node_packages() and os.geteuid() == 0 and shutil.which("apt-get")
+    if missing_node_packages() and not apt:
+        print(f"k8s-bin: the real node needs Debian packages {' '.join(missing_node_packages())} "
+              "(apt-get install as root); skipped", flush=True)
     bin_dir().mkdir(parents=True, exist_ok=True)
     todo = missing(node=True)
     stamp_lock = threading.Lock()
@@ -319,8 +317,10 @@ def ensure() -> None:
 
     chains = _chains(todo)
     with _scratch_go_caches() if todo else contextlib.nullcontext():
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(chains))) as pool:
-            for done in [pool.submit(install_chain, chain) for chain in chains]:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(chains) + 1)) as pool:
+            running = [pool.submit(install_chain, chain) for chain in chains]
+            running += [pool.submit(ensure_node_packages)] if apt else []  # apt beside the builds
+            for done in running:
                 done.result()  # the first failure, after every chain has finished or failed
     state = f"installed {len(todo)} component(s)" if todo else "all cached"
     print(f"k8s-bin: {cache_dir()} ready in {time.monotonic() - start:.1f} s ({state})", flush=True)

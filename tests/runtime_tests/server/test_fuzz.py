@@ -36,7 +36,7 @@ def server_document() -> dict[str, Any]:
     return create_app(make_engine(config), config).openapi()
 
 
-# Not schemathesis.pytest.from_fixture: its lazy schemas fail under pytest 9 (`Function` has no `_nodeid`).
+# Not schemathesis.pytest.from_fixture: its lazy schemas fail under pytest 9.2 (`Function` has no `_nodeid`).
 DOCUMENT = server_document()
 schema = schemathesis.openapi.from_dict(DOCUMENT)
 sent: list[tuple[str, int]] = []  # (operation, status) of every generated request
