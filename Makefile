@@ -88,7 +88,7 @@ test: test-deps
 ## last minutes leave a core idle (the real node's tests run one after another).
 .PHONY: test-main
 test-main: $(STAMP)
-	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q $(XDIST) --durations=50
 
 ## The runtime's fast tests under Python 3.12 (.venv312, created on demand).
 test-py312: $(STAMP312)

@@ -3,12 +3,22 @@ before mutating (scripts/mutation.py): neither may drop a test or split what mus
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def suite_conftest():
+    """tests/conftest.py, loaded by its path: `import conftest` finds whichever conftest a run imported first."""
+    spec = importlib.util.spec_from_file_location("suite_conftest", ROOT / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +39,14 @@ def mutation():
     ("tests/integration/test_operator.py::test_v", "tests/integration/test_operator.py"),
     ("tests/runtime_tests/server/test_fuzz.py::test_generated[GET /health]", "tests/runtime_tests/server/test_fuzz.py"),
 ])
-def test_a_module_stays_on_one_worker_and_the_real_node_on_one_for_all(nodeid, group):
-    from conftest import group_of  # tests/conftest.py: pythonpath has tests/
-
-    assert group_of(nodeid) == group
+def test_a_module_stays_on_one_worker_and_the_real_node_on_one_for_all(suite_conftest, nodeid, group):
+    assert suite_conftest.group_of(nodeid) == group
 
 
-def test_every_module_that_uses_the_real_node_or_the_cached_registry_is_in_the_machines_group():
-    from conftest import MACHINE_WIDE
-
+def test_every_module_that_uses_the_real_node_or_the_cached_registry_is_in_the_machines_group(suite_conftest):
     users = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")
              if p != Path(__file__) and any(word in p.read_text() for word in ("real_node", "oci_registry"))}
-    assert users and {u for u in users if not u.startswith(MACHINE_WIDE)} == set()
+    assert users and {u for u in users if not u.startswith(suite_conftest.MACHINE_WIDE)} == set()
 
 
 def test_the_baseline_runs_hold_every_selection_a_mutation_runs(mutation):
