@@ -77,8 +77,8 @@ test-images: $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then PYTHONPATH=scripts $(PY) -m images.build operator runtime-cpu runtime-vllm-cpu; \
 	else echo "test-images: not root, so the image and real-node tests skip: nothing to build"; fi
 
-## Every test: unit, parity, live server, import layering, vLLM's parser on the vllm engine's args; then the
-## runtime's fast suite under Python 3.12.
+## Every test: import layering; unit, parity, live server, control plane and real node, vLLM's parser on the vllm
+## engine's args, with the runtime's fast suite under Python 3.12 beside them; then the mutations.
 test: test-deps
 	$(VENV)/bin/lint-imports
 	$(MAKE) -j2 --output-sync=target test-main test-py312
