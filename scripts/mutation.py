@@ -86,10 +86,11 @@ def check_targets(mutations: list[Mutation]) -> None:
                      f"once); update scripts/mutations/ to the current code:\n    {m.old}")
 
 
+#: Every pytest run is a process this fork server forks.
+FORKS = multiprocessing.get_context("forkserver")
 #: What the fork server imports once, so that each pytest run it forks starts with them loaded (torch alone takes
 #: seconds to import, and there are ~130 runs): third-party modules only; each run imports our packages from its own
 #: copy, which BOOT checks. A module missing here is skipped by multiprocessing, never an error.
-FORKS = multiprocessing.get_context("forkserver")
 PRELOAD = ["torch", "numpy", "transformers", "safetensors", "pydantic", "fastapi", "starlette", "httpx", "kopf",
            "kubernetes", "yaml", "hypothesis", "pytest", "_pytest.python", "pytest_asyncio"]
 
