@@ -5,8 +5,8 @@ environment, and our runtime's containers that hand vLLM's compiled artifacts in
 args under `python vllm_entrypoint.py` (DLC common/vllm_entrypoint.py, `subprocess.check_call(sys.argv[1:])`), which
 as PID 1 with no SIGTERM handler ignores the kubelet's SIGTERM, so vLLM would never drain and every stop would wait
 out the grace period. As PID 1 itself, vLLM gets SIGTERM; what it does with the requests in flight is its release's
-rule: vLLM aborts them unless `--shutdown-timeout` is above 0 (its default), so the native line's pods pass the drain
-timeout our runtime uses (`DRAIN_TIMEOUT_S`, inside the grace period). vLLM 0.16 (the NxDI line) has no such flag: its
+rule: vLLM aborts them unless `--shutdown-timeout` is above 0 (its default is 0), so the native line's pods pass
+the drain timeout our runtime uses (`DRAIN_TIMEOUT_S`, inside the grace period). vLLM 0.16 (the NxDI line) has no such flag: its
 shutdown aborts the streams in flight (vllm/entrypoints/launcher.py). The model and the draft are the local paths
 sources.py places them at (the fetch init container downloads hf:// and s3://).
 
@@ -87,13 +87,13 @@ def speculative_config(target: Target) -> Optional[dict[str, Any]]:
 
 def serve_command(target: Target) -> list[str]:
     """The container's command: `vllm serve <model path>` and its flags."""
-    spec = target.spec
+    spec, line = target.spec, line_of(target).line
     command = ["vllm", "serve", sources.model_mount(spec).path,
                "--served-model-name", spec.model.served_model_name or target.name,
                "--host", "0.0.0.0", "--port", str(spec.server.port)]
-    if line_of(target).line == "native":  # drain in-flight requests on SIGTERM (vLLM's default, 0, aborts them)
+    if line == "native":  # drain in-flight requests on SIGTERM (vLLM's default, 0, aborts them)
         command += ["--shutdown-timeout", str(DRAIN_TIMEOUT_S)]
-    command += vllm_flags.shape_args(spec, line_of(target).line)
+    command += vllm_flags.shape_args(spec, line)
     if (speculative := speculative_config(target)) is not None:
         command += ["--speculative-config", vllm_flags.as_json(speculative)]
     return command
