@@ -7,8 +7,8 @@ as PID 1 with no SIGTERM handler ignores the kubelet's SIGTERM, so vLLM would ne
 out the grace period. As PID 1 itself, vLLM gets SIGTERM; what it does with the requests in flight is its release's
 rule: vLLM aborts them unless `--shutdown-timeout` is above 0 (its default is 0), so the native line's pods pass
 the drain timeout our runtime uses (`DRAIN_TIMEOUT_S`, inside the grace period). vLLM 0.16 (the NxDI line) has no
-such flag: its shutdown aborts the streams in flight (vllm/entrypoints/launcher.py). The model and the draft are the local paths
-sources.py places them at (the fetch init container downloads hf:// and s3://).
+such flag: its shutdown aborts the streams in flight (vllm/entrypoints/launcher.py). The model and the draft are the
+local paths sources.py places them at (the fetch init container downloads hf:// and s3://).
 
 With a compile cache (spec.compileCache.url), vLLM's compile folder is handed through our store, named by the
 compile key (vllm_flags.key_inputs, the status' compileKey), by our runtime image (`neuronmodel-runtime artifacts`,
