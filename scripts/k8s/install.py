@@ -264,8 +264,9 @@ def ensure_node_packages() -> None:
         return
     print(f"k8s-bin: apt-get install {' '.join(todo)} ...", flush=True)
     env = {"DEBIAN_FRONTEND": "noninteractive"}
-    _run(["apt-get", "update", "-q"], **env)
-    _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *todo], **env)
+    lock = ["-o", "DPkg::Lock::Timeout=600"]  # the image builds' own apt-get may hold dpkg's lock (images.tools)
+    _run(["apt-get", *lock, "update", "-q"], **env)
+    _run(["apt-get", *lock, "install", "-y", "-q", "--no-install-recommends", *todo], **env)
 
 
 @contextlib.contextmanager

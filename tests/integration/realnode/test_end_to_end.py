@@ -524,7 +524,16 @@ def _summary(kubectl: Kubectl, pod: str, container: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def vllm_served(trn2_node, vllm_image, kubectl, client) -> dict:
+def vllm_refused(trn2_node, vllm_image, kubectl) -> float:
+    """A model whose vLLM refuses its flags (--max-model-len 4096 over the tiny model's 1024 positions), applied
+    before the other vLLM tests, which its Job's minutes of backoff run beside; returns when it was applied."""
+    kubectl.apply(vllm_model(VLLM_REFUSED, vllm_image, batching={"maxBatchSize": 4, "maxContextLength": 256,
+                                                                 "maxSeqLen": 4096}))
+    return time.time()
+
+
+@pytest.fixture(scope="module")
+def vllm_served(trn2_node, vllm_image, kubectl, client, vllm_refused) -> dict:
     """The tiny model on engine vllm with a compile cache: its compile Job done, its first replica answering."""
     phases = set()
     model = vllm_model(VLLM_NAME, vllm_image)
@@ -709,15 +718,11 @@ def test_deleting_a_vllm_replica_drains_its_in_flight_stream(vllm_served, kubect
          lambda: _nm(kubectl, VLLM_NAME))
 
 
-def test_a_vllm_that_refuses_its_flags_fails_the_compile_job_with_its_own_message(trn2_node, vllm_image, kubectl,
-                                                                                 volumes):
-    """--max-model-len 4096 over the tiny model's 1024 positions: vLLM refuses it at start. Its container is not a
-    restartable sidecar, so each attempt fails its pod, the Job counts it, and the Job fails after its backoffLimit
-    (minutes), not at its 6-hour deadline; the pods' termination messages are vLLM's last lines."""
-    model = vllm_model(VLLM_REFUSED, vllm_image, batching={"maxBatchSize": 4, "maxContextLength": 256,
-                                                           "maxSeqLen": 4096})
-    applied = time.time()
-    kubectl.apply(model)
+def test_a_vllm_that_refuses_its_flags_fails_the_compile_job_with_its_own_message(vllm_refused, kubectl, volumes):
+    """vLLM refuses --max-model-len 4096 at start. Its container is not a restartable sidecar, so each attempt fails
+    its pod, the Job counts it, and the Job fails after its backoffLimit (minutes), not at its 6-hour deadline; the
+    pods' termination messages are vLLM's last lines."""
+    applied = vllm_refused
     selector = f"{NAME_LABEL}={VLLM_REFUSED},app.kubernetes.io/component=compile"
     nm = wait(f"{VLLM_REFUSED}: Failed", lambda: _phase(kubectl, VLLM_REFUSED) == "Failed" and
               kubectl.get("nm", VLLM_REFUSED, NS), 1200, lambda: _nm(kubectl, VLLM_REFUSED) +

@@ -22,6 +22,9 @@ from neuronmodel_runtime.artifacts import handoff, supervise
 from neuronmodel_runtime.config import env as env_names
 from neuronmodel_runtime.config import keys
 
+#: How long an engine takes to end, and the store to see it, when they should: the supervisor polls every 0.5 s
+#: (supervise.POLL_S); the margin is a busy machine's. A mutation that leaves one running is caught when it runs out.
+STOPS_WITHIN_S = 15
 INPUTS = {"engine": "vllm", "line": "native", "target": "trn2", "flags": ["--max-num-seqs", "4"]}
 REFUSING_VLLM = "import sys; print('vllm serve: error: unrecognized arguments: --no-such-flag', file=sys.stderr); " \
                 "sys.exit(2)"
@@ -70,7 +73,7 @@ def test_the_installed_supervisor_needs_nothing_but_the_standard_library(install
 def test_a_vllm_that_exits_fails_with_its_status_and_the_store_stops_waiting(tmp_path, installed, capsys, key_env,
                                                                               engines):
     engine = engines(installed, sys.executable, "-c", REFUSING_VLLM)
-    _, err = engine.communicate(timeout=60)
+    _, err = engine.communicate(timeout=STOPS_WITHIN_S)
     assert engine.returncode == 2  # vLLM's own: the pod fails, the Job counts a failure
     lines = err.strip().splitlines()
     assert lines[0] == "vllm serve: error: unrecognized arguments: --no-such-flag"  # the termination message's tail
@@ -78,7 +81,7 @@ def test_a_vllm_that_exits_fails_with_its_status_and_the_store_stops_waiting(tmp
     assert json.loads((installed.parent / supervise.EXITED).read_text()) == {"status": 2}
     # store-artifacts, waiting on a health URL nobody answers, exits too: with a line that says so
     code = cli.main(["artifacts", "store", str(tmp_path / "vllm"), "--store", str(tmp_path / "store"),
-                     "--ready-url", "http://127.0.0.1:9/health", "--ready-timeout-s", "30",
+                     "--ready-url", "http://127.0.0.1:9/health", "--ready-timeout-s", str(STOPS_WITHIN_S),
                      "--engine-dir", str(installed.parent)])
     err = capsys.readouterr().err
     assert code == 2 and "the engine exited with status 2 before it answered on http://127.0.0.1:9/health" in err
@@ -94,7 +97,7 @@ def test_a_stored_folder_stops_vllm_and_the_pod_completes(tmp_path, installed, c
     code = cli.main(["artifacts", "store", str(tmp_path / "vllm"), "--store", str(tmp_path / "store"),
                      "--engine-dir", str(installed.parent), "--neff-in", "neuron/compile_cache"])
     assert code == 0 and json.loads(capsys.readouterr().out)["stored"] is True
-    _, err = engine.communicate(timeout=60)
+    _, err = engine.communicate(timeout=STOPS_WITHIN_S)
     assert engine.returncode == 0 and "stopped: its compiled folder is stored" in err
 
 
@@ -104,7 +107,7 @@ def test_a_failed_store_stops_vllm_too(tmp_path, installed, capsys, key_env, eng
     code = cli.main(["artifacts", "store", str(tmp_path / "empty"), "--store", str(tmp_path / "store"),
                      "--engine-dir", str(installed.parent)])
     assert code == 2 and "holds no files" in capsys.readouterr().err
-    engine.communicate(timeout=60)
+    engine.communicate(timeout=STOPS_WITHIN_S)
     assert engine.returncode == 0  # the pod fails by the store container's status, and ends
 
 
@@ -115,7 +118,7 @@ def test_sigterm_reaches_vllm(installed, engines):
                          "time.sleep(600)")
     assert engine.stdout.readline().strip() == "up"
     engine.send_signal(signal.SIGTERM)
-    engine.communicate(timeout=60)
+    engine.communicate(timeout=STOPS_WITHIN_S)
     assert engine.returncode == 7
     assert not (installed.parent / supervise.EXITED).exists()
 
