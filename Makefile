@@ -80,7 +80,8 @@ test-deps:
 
 ## The images the image and real-node tests run, built (or found cached) where those tests can run: as root.
 test-images: $(SETUP_DEPS)
-	@if [ "$$(id -u)" = 0 ]; then PYTHONPATH=scripts:runtime $(SETUP_PY) -m images.build operator runtime-cpu runtime-vllm-cpu; \
+	@if [ "$$(id -u)" = 0 ]; then \
+	  PYTHONPATH=scripts:runtime $(SETUP_PY) -m images.build operator runtime-cpu runtime-vllm-cpu; \
 	else echo "test-images: not root, so the image and real-node tests skip: nothing to build"; fi
 
 ## Every test: import layering; unit, parity, live server, control plane and real node, vLLM's parser on the vllm
