@@ -23,10 +23,11 @@ TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 # `make test`'s mutation runs: one more than the cores, as some runs sleep until a timeout catches their mutation.
 MUTATION_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
-# The setup scripts (scripts/k8s/, scripts/images/) need only the standard library: they start at once, beside the
-# venvs' installs, on $(PYTHON) where it has tomllib (3.11+); on 3.10, on .venv's Python (tomli) once it is installed.
-SETUP_PY := $(if $(shell $(PYTHON) -c 'import tomllib' 2>/dev/null && echo y),$(PYTHON),$(PY))
-SETUP_DEPS := $(if $(filter $(PY),$(SETUP_PY)),$(STAMP))
+# .venv-setup: the setup scripts' own (scripts/k8s/, scripts/images/: the standard library, a current pip, tomli on
+# 3.10), made in seconds, so the Go and image builds start beside the venvs' installs instead of after them.
+SETUP_VENV := .venv-setup
+SETUP_PY := $(SETUP_VENV)/bin/python
+SETUP_STAMP := $(SETUP_VENV)/.installed
 # Where heavy, machine-wide artifacts live (converted models, Kubernetes binaries): never in the repo.
 export NEURONMODEL_CACHE ?= $(HOME)/.cache/neuronmodel
 
@@ -38,6 +39,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[runtime,operator,convert,dev]'
 	$(DEDUPE_VENVS)
 	touch $(STAMP)
+
+$(SETUP_STAMP):
+	$(PYTHON) -m venv $(SETUP_VENV)
+	$(SETUP_PY) -m pip install -q --upgrade pip 'tomli; python_version < "3.11"'
+	touch $(SETUP_STAMP)
 
 $(STAMP312): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "make: no Python 3.12 found (tried python3.12 on PATH and" \
@@ -79,7 +85,7 @@ test-deps:
 	$(MAKE) -j5 default-model k8s-bin vllm-parsers $(STAMP312) test-images
 
 ## The images the image and real-node tests run, built (or found cached) where those tests can run: as root.
-test-images: $(SETUP_DEPS)
+test-images: $(SETUP_STAMP)
 	@if [ "$$(id -u)" = 0 ]; then \
 	  PYTHONPATH=scripts:runtime $(SETUP_PY) -m images.build operator runtime-cpu runtime-vllm-cpu; \
 	else echo "test-images: not root, so the image and real-node tests skip: nothing to build"; fi
@@ -140,7 +146,7 @@ tiny-models: $(STAMP)
 
 ## The local Kubernetes control plane (scripts/k8s/): binaries built once into $(NEURONMODEL_CACHE)/k8s/.
 .PHONY: k8s-bin cluster cluster-down
-k8s-bin: $(SETUP_DEPS)
+k8s-bin: $(SETUP_STAMP)
 	PYTHONPATH=scripts $(SETUP_PY) -m k8s.install
 
 ## etcd, kube-apiserver, controller-manager, scheduler and kwok with fake Neuron nodes; state in .cluster/.
@@ -169,7 +175,7 @@ chart: k8s-bin $(STAMP)
 	  charts/neuronmodel-operator --destination $(CHART_DEST)
 
 clean:
-	rm -rf $(VENV) $(VENV312) .pytest_cache
+	rm -rf $(VENV) $(VENV312) $(SETUP_VENV) .pytest_cache
 
 ## Regenerate the CRD (from operator/neuronmodel_operator/api.py), the builders' golden manifests, and the chart's
 ## copies of the CRD and the RBAC rules with its golden renders (scripts/chart_sync.py).
