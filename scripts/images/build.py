@@ -224,8 +224,12 @@ def main(argv: list[str]) -> None:
         clean()
     targets = args.targets or DEFAULT_TARGETS
     with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
-        for target, wheels in [(target, pool.submit(wheelhouse.ensure, target)) for target in targets]:
-            wheels.result()  # every wheelhouse downloads at once, beside the base's build and the builds before it
+        # every wheelhouse downloads at once, beside the base's build and the builds before its target's
+        downloads = [(target, pool.submit(wheelhouse.ensure, target)) for target in targets]
+        with tools.machine_lock():
+            base.ensure()
+        for target, wheels in downloads:
+            wheels.result()
             _main_target(target, args)
     print(json.dumps({"sizes": sizes()}), flush=True)
 
