@@ -21,6 +21,9 @@ DEDUPE_VENVS = if command -v hardlink >/dev/null && test -d $(VENV) -a -d $(VENV
 # The suite runs on every core (pytest-xdist; tests/conftest.py keeps a module, and the real node, on one worker).
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
+# The tests' torch.compile builds its kernels in its own process: inductor's pool of compile workers (one per core,
+# each importing torch) costs more CPU than it saves where the suite already keeps every core busy.
+test test-main test-py312 test-fast mutation: export TORCHINDUCTOR_COMPILE_THREADS ?= 1
 # `make test`'s mutation runs: one more than the cores, as some runs sleep until a timeout catches their mutation.
 MUTATION_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 # .venv-setup: the setup scripts' own (scripts/k8s/, scripts/images/: the standard library, a current pip, tomli on

@@ -108,8 +108,12 @@ def _wrapper_module(name: str, module: str, version: str, replaces: dict[str, st
     return src
 
 
+#: No paths and no debug information: `-s -w` leave DWARF out of the link, `-dwarf=false` never compiles it.
+NO_DEBUG = ["-trimpath", "-gcflags=all=-dwarf=false"]
+
+
 def _go_build(src: Path, ldflags: str, output: str, *packages: str) -> None:
-    _run(["go", "build", "-mod=mod", "-trimpath", f"-ldflags=-s -w {ldflags}", "-o", output, *packages],
+    _run(["go", "build", "-mod=mod", *NO_DEBUG, f"-ldflags=-s -w {ldflags}", "-o", output, *packages],
          cwd=src, CGO_ENABLED="0")
 
 
@@ -158,7 +162,7 @@ def _build_etcd() -> None:
 
 
 def _build_kwok() -> None:
-    _run(["go", "install", "-trimpath", "-ldflags=-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+    _run(["go", "install", *NO_DEBUG, "-ldflags=-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
          CGO_ENABLED="0", GOBIN=str(bin_dir()), GOFLAGS="")
     stages = Path(_download("sigs.k8s.io/kwok", KWOK_VERSION)["Dir"]) / "kustomize" / "stage"
     kwok_stages().parent.mkdir(parents=True, exist_ok=True)
