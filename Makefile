@@ -85,7 +85,12 @@ run: default-model
 ## builds.
 .PHONY: test-deps test-images
 test-deps:
-	$(MAKE) -j5 default-model k8s-bin vllm-parsers $(STAMP312) test-images
+	$(MAKE) -j6 default-model k8s-bin vllm-parsers $(STAMP312) test-images test-tools
+
+## checkov, the scanner the chart's tests run, in its own venv ($(NEURONMODEL_CACHE)/tools/checkov: minutes cold).
+.PHONY: test-tools
+test-tools: $(SETUP_STAMP)
+	$(SETUP_PY) tests/chart/checkov_tool.py
 
 ## The images the image and real-node tests run, built (or found cached) where those tests can run: as root.
 test-images: $(SETUP_STAMP)

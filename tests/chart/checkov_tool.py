@@ -27,3 +27,7 @@ def checkov() -> Path:
                        check=True, capture_output=True, text=True, timeout=1200)
         stamp.touch()
     return folder / "bin" / "checkov"
+
+
+if __name__ == "__main__":  # `make test-deps` installs it beside the other setup, not at the suite's end
+    print(checkov())
