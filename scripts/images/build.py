@@ -230,11 +230,12 @@ def main(argv: list[str]) -> None:
     if args.clean:
         clean()
     targets = args.targets or DEFAULT_TARGETS
-    with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
+    # The machine's lock for the whole run, so that the downloads in the pool's threads (which take no lock of their
+    # own) are as alone on the machine's wheelhouses as every other build step.
+    with tools.machine_lock(), concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
         # every wheelhouse downloads at once, beside the base's build and the builds before its target's
         downloads = [(target, pool.submit(wheelhouse.ensure, target)) for target in targets]
-        with tools.machine_lock():
-            base.ensure()
+        base.ensure()
         for target, wheels in downloads:
             wheels.result()
             _main_target(target, args)
