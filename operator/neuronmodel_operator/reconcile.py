@@ -20,9 +20,10 @@ A serving model keeps serving while its spec changes:
 
 Two entry points, to keep the requests per event low (bench/operator.py counts them): a full run (`changed` is
 None: the NeuronModel was created, changed or resumed; or a child changed of a model whose compile Job has not
-succeeded, whose rollout is held, or whose kind change is pending) applies every child; a refresh (`changed`
-holds the children whose events arrived) re-applies only a child that was deleted or no longer holds what we set,
-and recomputes the status only when the workload, the HPA or a pod changed. The last status written per object is
+succeeded, whose rollout is held, whose kind change is pending, or whose generation no full run applied yet)
+applies every child; a refresh (`changed` holds the children whose events arrived) re-applies only a child that
+was deleted or no longer holds what we set, and recomputes the status only when the workload, the HPA or a pod
+changed. The last status written per object is
 remembered, so a reconcile never needs the NeuronModel's freshest copy to know what it already reported.
 """
 
@@ -132,6 +133,7 @@ class Reconcile:
         self._hpas: dict[str, dict] = {}  # uid -> the HPA as last applied or seen (status reads its conditions)
         self._ours: dict[str, set[tuple[str, str]]] = {}  # uid -> (kind, name) of children known to be its own
         self._settled: dict[str, dict] = {}  # uid -> the succeeded compile Job of the key its workload serves
+        self._applied: dict[str, int] = {}  # uid -> the generation this process's last full run applied
 
     def __call__(self, namespace: str, name: str, cleanup: bool, body: Optional[dict] = None,
                  changed: Optional[Changes] = None) -> Outcome:
@@ -161,7 +163,7 @@ class Reconcile:
             # A compile-cache model needs the full run only while its Job runs, its rollout is held or its kind
             # changes; once its workload serves its compiled key, a child event costs what any model's does.
             settled = not resolved.compile_job or self._compiled_job(target) is not None
-            if changed is not None and settled and not switching:
+            if changed is not None and settled and not switching and self._has_applied(body):
                 return self._refresh(body, target, changed)
             return self._apply(body, target, cleanup or switching)
         except api.SpecError as exc:  # found only once the children are built: two sources at one path, say
@@ -271,7 +273,17 @@ class Reconcile:
         if not _awaiting_controller(workload):
             self._write_status(body, target.resolved, target, None, workload, job,
                                self._pods(target, workload), held)
+        self._applied[target.uid] = body["metadata"].get("generation", 1)
         return Outcome(held=held)
+
+    def _has_applied(self, body: dict) -> bool:
+        """A full run applied the children of `body`'s generation: in this process, else in an earlier one (its
+        status was written for it). A child event handled after the watch showed a new spec, but before that spec's
+        full run, must take the full run: a refresh would write the new generation's status from the old children
+        (Ready "1/1" for a spec that asks for 2)."""
+        meta = body["metadata"]
+        done = self._applied.get(meta["uid"], (body.get("status") or {}).get("observedGeneration"))
+        return done == meta.get("generation", 1)
 
     def _remember_hpa(self, target: Target, hpa: Optional[dict]) -> None:
         if hpa is not None and target.spec.autoscaling is not None:
@@ -387,6 +399,7 @@ class Reconcile:
         self._hpas.pop(uid, None)
         self._ours.pop(uid, None)
         self._settled.pop(uid, None)
+        self._applied.pop(uid, None)
 
     def report_access_denied(self, body: dict, message: str) -> None:
         """Put a persisting 401/403 where users look: status.warnings (the next successful reconcile's status

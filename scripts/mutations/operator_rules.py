@@ -55,6 +55,10 @@ MUTATIONS = [
         RECONCILE, OPERATOR,
     ),
     Mutation(
+        "reconcile: a child event handled before its new spec's full run refreshes from the old children",
+        "reconcile.py", "and not switching and self._has_applied(body):", "and not switching:", RECONCILE, OPERATOR,
+    ),
+    Mutation(
         "reconcile: a refused child is a permanent failure", "reconcile.py",
         "return Outcome(child_error=message)", "return Outcome(spec_error=message)",
         RECONCILE, OPERATOR,

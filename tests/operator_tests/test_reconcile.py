@@ -1072,3 +1072,23 @@ def test_switching_to_engine_vllm_removes_the_config_map_once_no_pod_uses_it(kub
     set_spec(kube, ours)  # and back: a ConfigMap again
     reconcile(NS, NAME, cleanup=True)
     assert list(runtime_configmaps(kube)) == [old]
+
+
+def test_a_child_event_handled_before_its_new_specs_full_run_takes_the_full_run(kube, reconcile):
+    """The watch shows a new spec (replicas 1 -> 2) while a pod's event is queued: handled first, it must not write
+    the new generation's status from the old children (Ready "1/1" at the generation that asks for 2)."""
+    kube.put(body(TORCH))
+    reconcile(NS, NAME, cleanup=True)
+    workload_ready(kube, "Deployment", 1)
+    key, pod = serving_pod(kube, ready=True)
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={key: pod})
+    assert kube.model()["status"]["ready"] == "1/1"
+    set_spec(kube, {**TORCH, "replicas": 2})
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={key: pod})
+    assert kube.one("Deployment")["spec"]["replicas"] == 2
+    status = kube.model()["status"]
+    assert status["observedGeneration"] == 1 or status["ready"] == "0/2", status  # the controller has not caught up
+    workload_ready(kube, "Deployment", 2)
+    reconcile(NS, NAME, cleanup=False, body=kube.model(), changed={("Deployment", NAME): kube.get("Deployment", NS, NAME)})
+    status = kube.model()["status"]
+    assert (status["observedGeneration"], status["ready"]) == (2, "2/2")
