@@ -56,18 +56,46 @@ def p50(values: list[float]) -> float:
 SERVERS: dict[str, subprocess.Popen] = {}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process descended from it, alive now (Linux /proc): a server's CPU and memory are its
+    tree's, so that a server that moves work into a child process is not measured as cheaper for it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    return tree
 
 
-def rss_mb(pid: int) -> float:
-    """A process's resident memory (VmRSS), in MiB (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise ValueError(f"/proc/{pid}/status has no VmRSS (a zombie?)")
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds these processes have used (Linux /proc); one that is gone counts nothing."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pids: list[int]) -> float:
+    """These processes' resident memory (VmRSS) together, in MiB (Linux /proc); one that is gone counts nothing."""
+    total_kb = 0
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        total_kb += next((int(line.split()[1]) for line in lines if line.startswith("VmRSS:")), 0)  # none: a zombie
+    return total_kb / 1024
 
 
 def engine_counters(url: str) -> dict[str, float]:

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 
-from _harness import SERVERS, TINY_TARGET, engine_counters, figure, p50, rss_mb, runtime_server
+from _harness import SERVERS, TINY_TARGET, engine_counters, figure, p50, process_tree, rss_mb, runtime_server
 from _load import Record, Shape, load
 
 from neuronmodel_runtime.config import default_model_path
@@ -88,7 +88,7 @@ def main() -> None:
         traffic.start()
         for window in range(args.windows):
             time.sleep(max(0.0, start + (window + 1) * window_s - time.monotonic()))
-            rss.append(rss_mb(pid))
+            rss.append(rss_mb(process_tree(pid)))
             counters.append(engine_counters(url))
         traffic.join()
     p50s = window_p50s(records, start, window_s, args.windows)

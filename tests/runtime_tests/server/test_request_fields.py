@@ -245,3 +245,18 @@ def test_a_greedy_only_runner_refuses_sampled_requests_naming_temperature():
     assert refused.value.param == "temperature"
     assert str(refused.value) == ("temperature: the nxdi runner decodes greedily only; "
                                   "serve without speculation for sampled requests")
+
+
+async def test_the_body_vllms_benchmark_client_sends_streams_its_tokens_and_usage():
+    """`vllm bench serve --backend openai --ignore-eos` (bench/serve_sweep.py) posts this body (vLLM 0.32,
+    vllm/benchmarks/lib/endpoint_request_func.py, async_request_openai_completions): a neutral
+    repetition_penalty and `logprobs: null` are no request for penalties or logprobs, so even a runner without
+    penalties serves it. It sends no temperature: both servers sample at their default."""
+    body = {"model": "fake-model", "prompt": "abcd", "repetition_penalty": 1.0, "max_tokens": 3, "logprobs": None,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    async with asgi_client() as (client, _):
+        r = await post_raw(client, C, json.dumps(body))
+        assert r.status_code == 200, r.text
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        assert len("".join(e["choices"][0]["text"] for e in events if e["choices"])) == 3  # sampled: no temperature
+        assert events[-1]["usage"]["completion_tokens"] == 3 and r.text.rstrip().endswith("data: [DONE]")
