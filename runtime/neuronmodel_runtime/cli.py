@@ -4,13 +4,11 @@ the edge and wires the parts."""
 from __future__ import annotations
 
 import argparse
-import errno
 import functools
 import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -153,15 +151,13 @@ def model_path_of(config: RuntimeConfig) -> Path:
     return path
 
 
-def build_engine(config: RuntimeConfig, own_thread: bool = True, group: Optional[dict] = None,
-                 worker_args: Sequence[str] = ()) -> Any:
-    """Select the framework, load the runner and tokenizer, and return a ready-to-start AsyncEngine.
+def load_core(config: RuntimeConfig, on_lost: Callable[[str], None], group: Optional[dict] = None,
+              worker_args: Sequence[str] = ()) -> tuple[Any, dict]:
+    """Select the framework, load the runner and tokenizer: the Engine, and what /v1/info reports of its start.
 
-    own_thread: the engine spawns its step thread; False leaves the step loop to the caller (`serve` runs it on
-    the main thread). group: `serve`'s group arguments; where they (or LeaderWorkerSet's variables) make a group,
-    this process is its leader, and its host's other processes run `worker` with `worker_args`.
+    group: `serve`'s group arguments; where they (or LeaderWorkerSet's variables) make a group, this process is
+    its leader, its host's other processes run `worker` with `worker_args`, and `on_lost` hears of a lost group.
     """
-    from neuronmodel_runtime.engine.async_engine import AsyncEngine
     from neuronmodel_runtime.engine.engine import Engine
     from neuronmodel_runtime.engine.speculation import build_speculation
     from neuronmodel_runtime.server.tokenizer import eos_token_ids, load_tokenizer
@@ -177,12 +173,6 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True, group: Optional
     os.environ.update(neuron_compile_cache(config))
     log.info("framework %s %s (%s); loading %s", selection.framework, selection.version, selection.reason, path)
     started = time.monotonic()
-    served_by: list[Any] = []  # the AsyncEngine, once built: a lost group turns it unready
-
-    def group_lost(why: str) -> None:
-        for served in served_by:
-            served.stop_accepting()
-
     topology = None if group is None else topology_of(config, selection.framework, os.environ, **group)
     if topology is None:
         runner = create_runner(selection.framework, config, str(path))
@@ -190,7 +180,7 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True, group: Optional
         if not topology.is_leader:
             raise ConfigError(f"{env_names.LWS_WORKER_INDEX} / --worker-index {topology.node_rank}: this host is a "
                               "worker of its group; run `neuronmodel-runtime worker` (the leader, index 0, serves)")
-        runner = rank_runner(selection.framework, config, str(path), topology, worker_args, on_lost=group_lost)
+        runner = rank_runner(selection.framework, config, str(path), topology, worker_args, on_lost=on_lost)
     runner.load()
     load_s = time.monotonic() - started
     tokenizer = load_tokenizer(path)
@@ -204,19 +194,59 @@ def build_engine(config: RuntimeConfig, own_thread: bool = True, group: Optional
         speculation=build_speculation(config.speculation, runner),
         sampling_defaults=generation_defaults(path),
     )
-    served = AsyncEngine(
-        engine,
-        tokenizer=tokenizer,
-        model_name=config.server.served_model_name or path.name,
-        max_queue=config.server.max_queue,
-        info={"framework": report(config.framework, detection), "speculation": config.speculation.model_dump(),
-              "capabilities": runner.capabilities().info(), "startup": {"load_s": round(load_s, 3)}},
-        own_thread=own_thread,
-    )
-    served_by.append(served)
     if getattr(runner, "lost", None):  # lost while the engine was being built
+        on_lost(runner.lost)
+    return engine, {"framework": report(config.framework, detection), "speculation": config.speculation.model_dump(),
+                    "capabilities": runner.capabilities().info(), "startup": {"load_s": round(load_s, 3)}}
+
+
+def build_engine(config: RuntimeConfig, own_thread: bool = True, group: Optional[dict] = None,
+                 worker_args: Sequence[str] = ()) -> Any:
+    """load_core's Engine in a ready-to-start AsyncEngine (the step loop in this process).
+
+    own_thread: the engine spawns its step thread; False leaves the step loop to the caller (`serve` runs it on
+    the main thread)."""
+    from neuronmodel_runtime.engine.async_engine import AsyncEngine
+
+    served_by: list[Any] = []  # the AsyncEngine, once built: a lost group turns it unready
+    lost: list[str] = []
+
+    def group_lost(why: str) -> None:
+        lost.append(why)
+        for served in served_by:
+            served.stop_accepting()
+
+    engine, info = load_core(config, group_lost, group, worker_args)
+    served = AsyncEngine(engine, tokenizer=engine.tokenizer, model_name=served_model_name(config),
+                         max_queue=config.server.max_queue, info=info, own_thread=own_thread)
+    served_by.append(served)
+    if lost:
         served.stop_accepting()
     return served
+
+
+def core_engine(config: RuntimeConfig, on_lost: Callable[[str], None], group: Optional[dict] = None,
+                worker_args: Sequence[str] = ()) -> tuple[Any, dict]:
+    """load_core as the engine core process runs it (server.engine_process): a failure is one line."""
+    return _checked(load_core, config, on_lost=on_lost, group=group, worker_args=worker_args)
+
+
+def served_model_name(config: RuntimeConfig) -> str:
+    return config.server.served_model_name or model_folder(config).name
+
+
+def _engine_process(config: RuntimeConfig, group: dict, worker_args: Sequence[str]) -> Any:
+    """An EngineCoreClient: the engine core in a child process, loaded (server.engine_process)."""
+    from neuronmodel_runtime.engine.core_client import EngineCoreClient
+    from neuronmodel_runtime.server.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path_of(config))  # a missing model folder is refused before a core starts
+    # as set (an unset length is fitted to the model there as here), without the API key the core never needs
+    settings = config.model_dump_json(exclude_unset=True, exclude={"server": {"api_key"}})
+    return EngineCoreClient(settings, tokenizer=tokenizer, model_name=served_model_name(config),
+                            max_queue=config.server.max_queue, build="neuronmodel_runtime.cli:core_engine",
+                            build_args={"group": group, "worker_args": list(worker_args)},
+                            log_level=logging.getLevelName(logging.getLogger().level))
 
 
 def with_model_limits(config: RuntimeConfig) -> RuntimeConfig:
@@ -224,43 +254,15 @@ def with_model_limits(config: RuntimeConfig) -> RuntimeConfig:
     return resolve_model_limits(config, read_model_config(model_path_of(config)))
 
 
-def check_listen_address(host: str, port: int) -> None:
-    """Fail before the (slow) model load when the server could not listen on host:port.
-
-    Binds and closes a socket per address, with SO_REUSEADDR as uvicorn binds, so only a port that is really in
-    use (or not permitted) fails.
-
-    Raises:
-        ConfigError: names server.host or server.port and the fix.
-    """
-    try:
-        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError(f"{named('server.host')}: cannot resolve {host!r} ({exc.strerror}); "
-                          "use an address such as 127.0.0.1, or 0.0.0.0 inside a pod") from None
-    for family, kind, proto, _, address in addresses:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                    raise ConfigError(f"{named('server.port')}: cannot listen on {host}:{port} ({exc.strerror}); "
-                                      "stop the process that holds it or choose another port") from None
-                raise ConfigError(f"{named('server.host')}: cannot listen on {host}:{port} ({exc.strerror}); "
-                                  "use an address of this host, such as 127.0.0.1 or 0.0.0.0") from None
-
-
 #: Start-up failures whose messages already name the setting and the fix.
 STARTUP_ERRORS = (ConfigError, FrameworkError, RunnerError, handoff.HandoffError, TopologyError, GroupLost)
 
 
-def _load_engine(config: RuntimeConfig, own_thread: bool, group: Optional[dict] = None,
-                 worker_args: Sequence[str] = ()) -> Any:
-    """build_engine, with an unforeseen failure (a corrupt weights or tokenizer file, a missing package, ...) turned
-    into a one-line ConfigError naming the model folders; its traceback is logged at DEBUG."""
+def _checked(load: Callable[..., Any], config: RuntimeConfig, **kwargs: Any) -> Any:
+    """`load(config, **kwargs)`, with an unforeseen failure (a corrupt weights or tokenizer file, a missing
+    package, ...) turned into a one-line ConfigError naming the model folders; its traceback is logged at DEBUG."""
     try:
-        return build_engine(config, own_thread=own_thread, group=group, worker_args=worker_args)
+        return load(config, **kwargs)
     except STARTUP_ERRORS:
         raise
     except Exception as exc:
@@ -294,12 +296,15 @@ def _start(args: argparse.Namespace) -> Callable[[], int]:
     if args.command == "compile":
         return functools.partial(_compile, _compile_runner_factory(config))
     if args.command == "selftest":
-        return functools.partial(_selftest, _load_engine(config, own_thread=True), with_model_limits(config),
+        return functools.partial(_selftest, _checked(build_engine, config, own_thread=True), with_model_limits(config),
                                  args.tokens)
     if args.command == "worker":
         return _worker_start(config, args)
+    from neuronmodel_runtime.server.listen import check_listen_address
+
     check_listen_address(config.server.host, config.server.port)
-    engine = _load_engine(config, own_thread=False, group=_group_args(args), worker_args=args.worker_args)
+    engine = _engine_process(config, _group_args(args), args.worker_args) if config.server.engine_process else \
+        _checked(build_engine, config, own_thread=False, group=_group_args(args), worker_args=args.worker_args)
     from neuronmodel_runtime.server.app import create_app
     from neuronmodel_runtime.server.drain import serve
 

@@ -4,7 +4,23 @@ sweep of pruned revisions' ConfigMaps, request limits, malformed input, dropped 
 from .definition import OPERATOR, Mutation
 from .selections import FUZZ, OVERLOAD, RECONCILE, REQUEST_LIMITS
 
+ENGINE_PROCESS = ("tests/runtime_tests/server/test_engine_process.py",)
+
 MUTATIONS = [
+    Mutation(
+        "engine process: a dead core goes unnoticed (its streams hang, the server serves on)",
+        "engine/core_client.py", "        if not self._closing:\n            self._died(",
+        "        if False:\n            self._died(", ENGINE_PROCESS + ("-k", "killed_engine"),
+    ),
+    Mutation(
+        "engine process: the core dies of the Ctrl+C its server drains on", "core_process.py",
+        "        signal.signal(sig, signal.SIG_IGN)", "        pass", ENGINE_PROCESS + ("-k", "ctrl_c"),
+    ),
+    Mutation(
+        "engine process: a silent core is never stalled (its last outputs' time not kept)", "engine/core_client.py",
+        "self._heard_at, self._stats = time.monotonic(), message[2]", "self._stats = message[2]",
+        ENGINE_PROCESS + ("-k", "steps_for_longer"),
+    ),
     Mutation(
         "reconcile: a SpecError found while building the children left to the handler (no status, retried forever)",
         "reconcile.py", "except api.SpecError as exc:  # found only once the children are built",

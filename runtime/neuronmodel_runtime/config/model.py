@@ -149,6 +149,12 @@ class ServerConfig(_Strict):
     max_logit_bias: int = Field(
         1024, ge=1, le=MAX_TOKENS, description="Most entries a request's `logit_bias` may hold."
     )
+    engine_process: bool = Field(
+        False,
+        description="Run the engine core (scheduler, runner, detokenizer) in a child process, so that the step loop "
+        "and the HTTP event loop never wait for each other's GIL; if that process dies, in-flight requests end with "
+        "an error and the server exits with code 1.",
+    )
 
 
 class RuntimeConfig(_Strict):

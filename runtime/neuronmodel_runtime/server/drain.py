@@ -3,7 +3,8 @@
 On the first signal /ready turns 503 and admission stops (new requests get 503); in-flight requests run to
 completion, for at most `server.drain_timeout_s`, after which they are aborted. Only then is uvicorn told
 to exit: it closes the connections and the lifespan shuts the engine down, and the process exits 0.
-A second signal exits at once.
+A second signal exits at once. An engine core process that dies (server.engine_process) stops the server at once,
+and the process exits 1: there is nothing left to drain, and the kubelet restarts the container.
 
 When the engine can run its step loop on the caller's thread, `serve` gives it the main thread and runs uvicorn
 on a second one (see engine/async_engine.py for why); the signal handlers are then installed here, since only
@@ -42,6 +43,7 @@ class DrainingServer(uvicorn.Server):
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._signalled = False
         self._drain_task: Optional[asyncio.Task] = None  # held so the task is not garbage-collected
+        self.failed = False  # the engine is gone
 
     async def serve(self, sockets: Optional[list[socket.socket]] = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -55,6 +57,10 @@ class DrainingServer(uvicorn.Server):
             return
         self._signalled = True
         self._loop.call_soon_threadsafe(self._start_drain)
+
+    def fail(self) -> None:
+        """The engine is gone: stop serving now (its requests have ended with an error) and exit 1."""
+        self.failed = self.should_exit = True
 
     def _start_drain(self) -> None:
         self._drain_task = asyncio.ensure_future(self._drain())
@@ -84,9 +90,11 @@ def serve(app: FastAPI, config: RuntimeConfig) -> int:
     """Serve until a signal and a drain; returns the process exit code (0, or 1 if startup failed)."""
     server = build_server(app, config)
     engine = app.state.serving.engine
+    if hasattr(engine, "on_failure"):  # an engine core process
+        engine.on_failure = server.fail
     if getattr(engine, "own_thread", True) or threading.current_thread() is not threading.main_thread():
         server.run()
-        return 0 if server.started else 1
+        return 0 if server.started and not server.failed else 1
 
     def run_uvicorn() -> None:
         try:

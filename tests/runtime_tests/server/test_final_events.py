@@ -46,7 +46,7 @@ INJECTIONS = {
     # The detokenizer's final flush (inside take_output).
     "detokenizer": lambda mp, front: _raise_once(mp, IncrementalDetokenizer, "flush", lambda self: True),
     # The emit callback, handed a final output.
-    "emit": lambda mp, front: _raise_once(mp, front, "_emit", _finished_by),
+    "emit": lambda mp, front: _raise_once(mp, front.steps, "_emit", _finished_by),
 }
 
 
@@ -65,7 +65,7 @@ async def test_a_failure_late_in_a_step_still_ends_every_stream_exactly_once(mon
     monkeypatch.setattr(front, "_dispatch", lambda outs: (dispatched.extend(outs), dispatch(outs)))
     INJECTIONS[where](monkeypatch, front)
     front.start()
-    with front._cv:  # both requests reach the same step: one finishes in it, the other keeps running
+    with front.steps._cv:  # both requests reach the same step: one finishes in it, the other keeps running
         done_in_step = front.add_request("short", [1], SamplingParams(max_tokens=1))
         running = front.add_request("long", [1], SamplingParams())
     (_, short), (_, long) = await asyncio.wait_for(asyncio.gather(collect(done_in_step), collect(running)), 5)
@@ -94,7 +94,7 @@ async def test_a_failure_while_failing_the_running_requests_still_ends_them(monk
 
     monkeypatch.setattr(Request, "take_output", broken)
     front.start()
-    with front._cv:
+    with front.steps._cv:
         cursed = front.add_request("cursed", [1], SamplingParams(max_tokens=5))
         fine = front.add_request("fine", [1], SamplingParams(max_tokens=5))
     (_, cursed_last), (fine_text, fine_last) = await asyncio.wait_for(
