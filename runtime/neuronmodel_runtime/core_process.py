@@ -102,7 +102,7 @@ def main(fd: int) -> int:
 def _send_outputs(channel: Channel, outputs: list[RequestOutput], steps: StepLoop) -> None:
     stats: Any = steps.engine.stats
     stats.num_waiting, stats.num_running = steps.num_waiting, steps.engine.scheduler.num_running
-    channel.send(("outputs", outputs, stats))
+    channel.send(("outputs", [out.as_tuple() for out in outputs], stats))
 
 
 if __name__ == "__main__":

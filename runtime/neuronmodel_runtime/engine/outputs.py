@@ -52,6 +52,12 @@ class RequestOutput:
     error: Optional[str] = None  # set with FINISH_ERROR
     metrics: Optional[RequestMetrics] = None  # set on the final output
 
+    def as_tuple(self) -> tuple:
+        """The fields in order, for the engine core's channel: a tuple of builtins pickles about 7x faster than the
+        dataclass (measured: 64 outputs, 35 us against 250 us to dump and load); `RequestOutput(*t)` reads it back."""
+        return (self.request_id, self.text, self.token_ids, self.num_prompt_tokens, self.num_output_tokens,
+                self.finished, self.finish_reason, self.stop_reason, self.logprobs, self.error, self.metrics)
+
     def then(self, later: "RequestOutput") -> "RequestOutput":
         """This increment followed by the `later` one of the same request, as one increment.
 
