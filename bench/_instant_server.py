@@ -6,18 +6,21 @@ scheduling, detokenizing, stop checks, streaming. Each step takes STEP_MS of wal
 waiting on the device does): a Neuron step's pace, so that clients keep up as they would there. Run as a process by
 bench/serving.py (`host_ms_per_step_b64`):
 
-    python bench/_instant_server.py CONFIG.json [STEP_MS]   # a RuntimeConfig: model (its tokenizer), max_num_seqs
+    python bench/_instant_server.py CONFIG.json [STEP_MS]   # a RuntimeConfig: model (its tokenizer), max_num_seqs,
+                                                            # server.engine_process (the loop in a child process)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from neuronmodel_runtime.config import load_config
+from neuronmodel_runtime.config import RuntimeConfig, load_config
 from neuronmodel_runtime.engine.async_engine import AsyncEngine
+from neuronmodel_runtime.engine.core_client import EngineCoreClient
 from neuronmodel_runtime.engine.engine import Engine
 from neuronmodel_runtime.server.tokenizer import eos_token_ids, load_tokenizer
 from neuronmodel_runtime.runners.base import (
@@ -75,8 +78,8 @@ class InstantRunner(ModelRunner):
         return {"framework": self.framework}
 
 
-def main(path: str, step_ms: float = 0.0) -> int:
-    config = load_config(path)
+def instant_engine(config: RuntimeConfig, on_lost: Any = None, step_ms: float = 0.0) -> tuple[Engine, dict]:
+    """The engine around an InstantRunner taking `step_ms` per decode (the engine core process builds it by name)."""
     model = Path(str(config.model))
     tokenizer = load_tokenizer(model)
     text = tokenizer.encode(" The quick brown fox jumps over the lazy dog, and the story goes on like this.",
@@ -85,8 +88,22 @@ def main(path: str, step_ms: float = 0.0) -> int:
                               len(tokenizer))
     engine = Engine(InstantRunner(capacity, text, step_ms / 1e3), tokenizer, eos_token_ids(model, tokenizer),
                     config.max_num_batched_tokens, config.server.request_timeout_s)
-    serving = AsyncEngine(engine, tokenizer=tokenizer, model_name=model.name, max_queue=config.server.max_queue,
-                          own_thread=False)
+    return engine, {}
+
+
+def main(path: str, step_ms: float = 0.0) -> int:
+    config = load_config(path)
+    model = Path(str(config.model))
+    if config.server.engine_process:  # the core imports this file by name: bench/ on its path
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                 os.environ.get("PYTHONPATH")]))
+        serving = EngineCoreClient(config.model_dump_json(exclude_unset=True), tokenizer=load_tokenizer(model),
+                                   model_name=model.name, max_queue=config.server.max_queue,
+                                   build="_instant_server:instant_engine", build_args={"step_ms": step_ms})
+    else:
+        engine, _ = instant_engine(config, step_ms=step_ms)
+        serving = AsyncEngine(engine, tokenizer=engine.tokenizer, model_name=model.name,
+                              max_queue=config.server.max_queue, own_thread=False)
     return serve(create_app(serving, config), config)
 
 

