@@ -1,5 +1,7 @@
 """GET /metrics: vLLM's metric names with the model_name label, moving as requests are served."""
 
+import asyncio
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime_tests.helpers.fakes import MODEL, asgi_client
@@ -58,10 +60,16 @@ async def test_metrics_are_present_and_move_after_requests():
 
 async def test_the_step_breakdown_counts_what_the_engine_did():
     """One request of 4 tokens alone: 4 steps with work (a prefill, then 3 decodes of one row), the runner's
-    seconds within the steps' seconds."""
+    seconds within the steps' seconds. A step counts itself once its outputs are out, so the response may come
+    before its last step is counted: the scrape waits for the step loop to go idle."""
     async with asgi_client() as (client, app):
         before = await scrape(client)
         await client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 4, "temperature": 0})
+        steps = app.state.serving.engine.steps
+        for _ in range(500):
+            if steps.idle:
+                break
+            await asyncio.sleep(0.01)
         after = await scrape(client)
 
         def moved(name: str) -> float:
