@@ -16,11 +16,11 @@ import signal
 import sys
 import threading
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Callable
 
 from neuronmodel_runtime.config import RuntimeConfig
 from neuronmodel_runtime.engine.engine import Engine
-from neuronmodel_runtime.engine.outputs import RequestOutput
+from neuronmodel_runtime.engine.outputs import EngineStats, RequestOutput
 from neuronmodel_runtime.engine.step_loop import StepLoop
 
 log = logging.getLogger("neuronmodel_runtime.core_process")
@@ -89,7 +89,8 @@ def main(fd: int) -> int:
         channel.send(("failed", " ".join(str(exc).split()) or type(exc).__name__))
         log.debug("loading failed", exc_info=True)
         return 2
-    steps = StepLoop(engine, lambda outputs: _send_outputs(channel, outputs, steps))
+    steps = StepLoop(engine, lambda outputs: _send_outputs(channel, outputs, steps),
+                     on_idle=lambda: channel.send(("stats", _stats(steps))))
     channel.send(("ready", {"capacity": engine.capacity, "capabilities": engine.capabilities,
                             "sampling_defaults": engine.sampling_defaults, "eos_token_ids": engine.eos_token_ids,
                             "info": {**info, "runner": engine.runner.info()}}))
@@ -99,10 +100,14 @@ def main(fd: int) -> int:
     return 0
 
 
-def _send_outputs(channel: Channel, outputs: list[RequestOutput], steps: StepLoop) -> None:
-    stats: Any = steps.engine.stats
+def _stats(steps: StepLoop) -> EngineStats:
+    stats = steps.engine.stats
     stats.num_waiting, stats.num_running = steps.num_waiting, steps.engine.scheduler.num_running
-    channel.send(("outputs", [out.as_tuple() for out in outputs], stats))
+    return stats
+
+
+def _send_outputs(channel: Channel, outputs: list[RequestOutput], steps: StepLoop) -> None:
+    channel.send(("outputs", [out.as_tuple() for out in outputs], _stats(steps)))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,11 @@ MUTATIONS = [
         "        signal.signal(sig, signal.SIG_IGN)", "        pass", ENGINE_PROCESS + ("-k", "ctrl_c"),
     ),
     Mutation(
+        "engine process: the idle core's last stats never sent (the metrics miss the last step of a busy spell)",
+        "engine/step_loop.py", "            if self._on_idle is not None and not self.engine.has_work:",
+        "            if False:", ENGINE_PROCESS + ("-k", "count_every_step"),
+    ),
+    Mutation(
         "engine process: a silent core is never stalled (its last outputs' time not kept)", "engine/core_client.py",
         "self._heard_at, self._stats = time.monotonic(), message[2]", "self._stats = message[2]",
         ENGINE_PROCESS + ("-k", "steps_for_longer"),

@@ -7,7 +7,8 @@ nor the event loop for the step loop's. They talk over a socketpair, one pickled
 
 - to the core: `("add", request_id, prompt_ids, SamplingParams)`, `("abort", [request_id, ...])`, `("stop",)`;
 - from the core: `("ready", facts)` or `("failed", message)` once, then `("outputs", [RequestOutput.as_tuple(),
-  ...], EngineStats)` per step that has any, and `("lost", why)` when a multi-node group is gone.
+  ...], EngineStats)` per step that has any, `("stats", EngineStats)` when the loop goes idle, and `("lost", why)`
+  when a multi-node group is gone.
 
 The core ignores SIGINT and SIGTERM (a drain needs it) and dies with this process. If the core dies, every
 unfinished stream ends with finish_reason "error", /health and /ready answer 503, and `on_failure` runs (the server
@@ -155,6 +156,8 @@ class EngineCoreClient(EngineFront):
                 if message[0] == "outputs":
                     self._heard_at, self._stats = time.monotonic(), message[2]
                     self._post([RequestOutput(*fields) for fields in message[1]])
+                elif message[0] == "stats":  # the loop went idle: its last step counted
+                    self._stats = message[1]
                 elif message[0] == "lost":
                     log.error("the engine's group is lost (%s): not accepting requests", message[1])
                     self.stop_accepting()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 from neuronmodel_runtime.engine.engine import Engine
 from neuronmodel_runtime.engine.outputs import FINISH_ERROR, RequestOutput
@@ -22,9 +22,12 @@ Emit = Callable[[list[RequestOutput]], None]
 
 
 class StepLoop:
-    def __init__(self, engine: Engine, emit: Emit):
+    def __init__(self, engine: Engine, emit: Emit, on_idle: Optional[Callable[[], None]] = None):
+        """on_idle: called after a step that leaves the engine without work (a step counts itself in the engine's
+        stats after its outputs are out: the core process sends its final stats then)."""
         self.engine = engine
         self._emit_outputs = emit
+        self._on_idle = on_idle
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
         self._cv = threading.Condition()
@@ -87,6 +90,8 @@ class StepLoop:
             except Exception as exc:  # a bug, not bad input: fail what is in flight, keep the loop alive
                 log.exception("engine step failed; failing its requests")
                 self._fail_unfinished(f"engine step failed ({type(exc).__name__}: {exc}); retry the request")
+            if self._on_idle is not None and not self.engine.has_work:
+                self._on_idle()
         with self._cv:
             inbox, self._inbox = self._inbox, []
         for request in inbox:

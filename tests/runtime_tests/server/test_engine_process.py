@@ -178,3 +178,23 @@ async def test_health_stays_200_while_the_engine_process_steps_for_longer_than_t
             assert (await client.get("/health")).status_code == 200, "each step's outputs are progress"
         assert not request.done()
         assert (await request).json()["usage"]["completion_tokens"] == 20
+
+
+async def test_the_metrics_count_every_step_of_the_engine_process(monkeypatch):
+    """One request of 4 tokens alone: 4 steps with work (a prefill, then 3 decodes), as in one process; the last
+    step counts itself after its outputs are out, and the core sends its stats when it goes idle."""
+    async with app_over_core(monkeypatch, make_config()) as client:
+        def counters(text: str) -> dict[str, float]:
+            return {line.split("_total{")[0].removeprefix("neuronmodel:"): float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines() if line.startswith("neuronmodel:") and "_total{" in line}
+
+        before = counters((await client.get("/metrics")).text)
+        await client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 4, "temperature": 0})
+        for _ in range(200):
+            after = counters((await client.get("/metrics")).text)
+            if after["engine_steps"] - before["engine_steps"] >= 4:
+                break
+            await asyncio.sleep(0.01)
+        moved = {name: after[name] - before[name] for name in after}
+        assert [moved[n] for n in ("engine_steps", "prefill_calls", "decode_calls", "decode_rows")] == [4, 1, 3, 3]
+        assert 0 < moved["runner_seconds"] <= moved["engine_step_seconds"]
