@@ -12,7 +12,6 @@ bench/serving.py (`host_ms_per_step_b64`):
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -94,12 +93,10 @@ def instant_engine(config: RuntimeConfig, on_lost: Any = None, step_ms: float = 
 def main(path: str, step_ms: float = 0.0) -> int:
     config = load_config(path)
     model = Path(str(config.model))
-    if config.server.engine_process:  # the core imports this file by name: bench/ on its path
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
-                                                                 os.environ.get("PYTHONPATH")]))
+    if config.server.engine_process:  # the core loads this file for the builder
         serving = EngineCoreClient(config.model_dump_json(exclude_unset=True), tokenizer=load_tokenizer(model),
                                    model_name=model.name, max_queue=config.server.max_queue,
-                                   build="_instant_server:instant_engine", build_args={"step_ms": step_ms})
+                                   build=f"{Path(__file__).resolve()}:instant_engine", build_args={"step_ms": step_ms})
     else:
         engine, _ = instant_engine(config, step_ms=step_ms)
         serving = AsyncEngine(engine, tokenizer=engine.tokenizer, model_name=model.name,

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.util
 import logging
 import signal
 import sys
 import threading
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Callable
 
 from neuronmodel_runtime.config import RuntimeConfig
@@ -53,8 +55,14 @@ class Channel:
 
 
 def _builder(path: str) -> Callable[..., tuple[Engine, dict]]:
-    module, _, function = path.partition(":")
-    return getattr(importlib.import_module(module), function)
+    """"package.module:function", or "/path/to/file.py:function" (a script beside no package: a bench's)."""
+    module, _, function = path.rpartition(":")
+    if not module.endswith(".py"):
+        return getattr(importlib.import_module(module), function)
+    spec = importlib.util.spec_from_file_location(Path(module).stem, module)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return getattr(loaded, function)
 
 
 def _read_ops(conn: Connection, engine: Engine, steps: StepLoop) -> None:

@@ -54,8 +54,8 @@ class EngineCoreClient(EngineFront):
                  build_args: Optional[dict] = None, log_level: str = "INFO"):
         """Start the core and wait until it has loaded its runner (raises EngineCoreFailed with its reason).
 
-        build: "module:function" that the core calls as function(config, on_lost=..., **build_args) for its
-        (Engine, info): cli.core_engine in production, a fake's in tests.
+        build: "module:function" (or "/path/file.py:function") that the core calls as function(config,
+        on_lost=..., **build_args) for its (Engine, info): cli.core_engine in production, a fake's in tests.
         """
         super().__init__(tokenizer=tokenizer, model_name=model_name, max_queue=max_queue)
         ours, theirs = socket.socketpair()
