@@ -161,6 +161,7 @@ def load_core(config: RuntimeConfig, on_lost: Callable[[str], None], group: Opti
     from neuronmodel_runtime.engine.engine import Engine
     from neuronmodel_runtime.engine.speculation import build_speculation
     from neuronmodel_runtime.server.tokenizer import eos_token_ids, load_tokenizer
+    from neuronmodel_runtime.runners.cpu_threads import apply_cpu_threads
     from neuronmodel_runtime.runners.registry import create_runner
     from neuronmodel_runtime.sampling.defaults import generation_defaults
 
@@ -174,7 +175,10 @@ def load_core(config: RuntimeConfig, on_lost: Callable[[str], None], group: Opti
     log.info("framework %s %s (%s); loading %s", selection.framework, selection.version, selection.reason, path)
     started = time.monotonic()
     topology = None if group is None else topology_of(config, selection.framework, os.environ, **group)
+    threads = {}
     if topology is None:
+        if selection.framework == "torch":  # a group's ranks share the host's cores instead (distributed/launch.py)
+            threads = {"cpu_threads": apply_cpu_threads(config.cpu_threads)}
         runner = create_runner(selection.framework, config, str(path))
     else:
         if not topology.is_leader:
@@ -197,7 +201,7 @@ def load_core(config: RuntimeConfig, on_lost: Callable[[str], None], group: Opti
     if getattr(runner, "lost", None):  # lost while the engine was being built
         on_lost(runner.lost)
     return engine, {"framework": report(config.framework, detection), "speculation": config.speculation.model_dump(),
-                    "capabilities": runner.capabilities().info(), "startup": {"load_s": round(load_s, 3)}}
+                    "capabilities": runner.capabilities().info(), "startup": {"load_s": round(load_s, 3)}, **threads}
 
 
 def build_engine(config: RuntimeConfig, own_thread: bool = True, group: Optional[dict] = None,

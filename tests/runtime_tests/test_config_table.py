@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Optional, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel, SecretStr
@@ -83,6 +83,8 @@ def sample(path: str) -> tuple[str, Any]:
         return str(not default).lower(), not default
     if annotation is int:
         return str(default + 1), default + 1
+    if annotation == Optional[int]:  # null by default: any count
+        return "3", 3
     if annotation is float:
         return str(default + 1.5), default + 1.5
     if get_origin(annotation) is Literal:

@@ -276,6 +276,8 @@ def test_cli_server_on_a_real_model(tmp_path, model, drain_tokens, engine_proces
     with server_process(cmd, port, startup_timeout=120) as (url, proc):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list()] == ["served"]
+        # the runner's process (the server's or its engine core) keeps a CPU for the server
+        assert httpx.get(f"{url}/v1/info").json()["cpu_threads"] == max(1, len(os.sched_getaffinity(0)) - 1)
         prompt = "Once upon a time"
         greedy = client.completions.create(model="served", prompt=prompt, max_tokens=24, temperature=0)
         assert greedy.choices[0].finish_reason in ("stop", "length") and greedy.usage.completion_tokens <= 24
