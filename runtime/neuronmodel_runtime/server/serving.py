@@ -99,6 +99,10 @@ class Generation:
         self._on_close = on_close
         self._closed = False
 
+    @property
+    def num_choices(self) -> int:
+        return len(self._streams)
+
     async def _pump(self, index: int, stream: RequestStream) -> None:
         """Relays one choice's outputs; runs until the engine's final output, even after `close()`, so every
         engine request is logged and counted once (aborted ones included)."""
