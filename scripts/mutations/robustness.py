@@ -3,7 +3,7 @@ sweep of pruned revisions' ConfigMaps, request limits, malformed input, streamed
 the SIGTERM drain."""
 
 from .definition import OPERATOR, Mutation
-from .selections import FUZZ, OVERLOAD, RECONCILE, RENDER, REQUEST_LIMITS
+from .selections import FUZZ, OVERLOAD, RECONCILE, RENDER, REQUEST_LIMITS, SSE
 
 MUTATIONS = [
     Mutation(
@@ -48,6 +48,16 @@ MUTATIONS = [
         "render: streamed text escaped as ASCII (valid JSON, but not the bytes pydantic writes for the same chunk)",
         "server/render.py", "from json.encoder import encode_basestring\n",
         "from json.encoder import encode_basestring_ascii as encode_basestring\n", RENDER,
+    ),
+    Mutation(
+        "sse: a client's disconnect not watched (its stream runs on to max_tokens, holding its slot)",
+        "server/sse.py", "watching = asyncio.ensure_future(_disconnect(receive))",
+        "watching = asyncio.ensure_future(asyncio.Event().wait())", SSE + ("-k", "disconnect"),
+    ),
+    Mutation(
+        "sse: close left to the events' own finally (a client gone before the first event leaves its choices "
+        "running)", "server/sse.py", "            self.close()\n", "            pass\n",
+        SSE + ("-k", "before_the_first_event"),
     ),
     Mutation(
         "scheduler: an aborted request leaves the batch without its slot freed (each dropped stream leaks a slot)",

@@ -28,6 +28,7 @@ NEURON_GROUP = ("tests/runtime_tests/distributed/test_neuron_ranks.py", "-k", "t
 REQUEST_LIMITS = ("tests/runtime_tests/server/test_request_limits.py",)
 FUZZ = ("tests/runtime_tests/server/test_fuzz.py",)
 RENDER = ("tests/runtime_tests/server/test_render.py",)
+SSE = ("tests/runtime_tests/server/test_sse.py",)
 MODEL_FILES = ("tests/runtime_tests/test_model_files.py",)
 FETCH_FULL = ("tests/runtime_tests/artifacts/test_fetch.py", "-k", "full_volume")
 STORE_FULL = ("tests/runtime_tests/artifacts/test_store.py", "-k", "full or fills")
