@@ -11,7 +11,7 @@
 #                           machine lacks (for its Python 3.12, x86-64), so that they travel with the repo
 #
 # What it needs there: a python3 (PYTHON names another) with torch that sees a CUDA device, transformers, tokenizers,
-# safetensors, numpy, httpx, prometheus-client; the rest (pydantic, fastapi, starlette, uvicorn, sse-starlette) from
+# safetensors, numpy, httpx, prometheus-client; the rest (pydantic, fastapi, starlette, uvicorn) from
 # .whl/ (GPU_BENCH_WHEELS names another folder), else from PyPI where PyPI can be reached; otherwise it says what is
 # missing and exits 3 (4: no CUDA torch). GPU_BENCH_SMALL=1: the same run on the CPU with a small model (a test).
 # Afterwards: python bench/report.py --from bench/out/figures.jsonl OUT/figures.jsonl puts its figures in the report.
@@ -28,9 +28,8 @@ SOFT_S=${GPU_BENCH_SOFT_S:-420}
 # What the runtime imports that the GPU machines' image lacks, or has maybe too old for the others (pydantic needs a
 # typing-extensions of 2025, fastapi imports opentelemetry), as distributions; the image has the rest of their needs.
 CARRIED="pydantic pydantic-core annotated-types typing-inspection typing-extensions fastapi starlette anyio uvicorn \
-sse-starlette opentelemetry-api"
-MODULES="torch transformers tokenizers safetensors numpy httpx pydantic fastapi starlette uvicorn sse_starlette \
-prometheus_client"
+opentelemetry-api"
+MODULES="torch transformers tokenizers safetensors numpy httpx pydantic fastapi starlette uvicorn prometheus_client"
 
 say() { echo "bench/gpu.sh: $*" >&2; }
 

@@ -24,7 +24,7 @@ chown 1000:1000 "${HOME}" "${NEURONMODEL_CACHE}"
 # 3. The wheel with its runtime extra, under a constraints file written from the base's own `pip list`: every
 #    distribution already in the image is pinned to exactly the version it has (torch, torch-neuronx, neuronx-cc,
 #    neuronx-distributed(-inference), transformers-neuronx, transformers, ...), so pip adds only what the base lacks
-#    (fastapi, uvicorn, sse-starlette, prometheus-client, ...), and a requirement of ours that the base cannot meet
+#    (fastapi, uvicorn, prometheus-client, ...), and a requirement of ours that the base cannot meet
 #    fails here naming the package, instead of upgrading a Neuron package under the compiler's feet.
 #    Not `--no-deps` plus a hand-kept list of what the base lacks: that list rots with every DLC, skips transitive
 #    dependencies, and installs even when the base's versions break our bounds (it would fail at run time instead).

@@ -1,8 +1,9 @@
 """Mutations of what fuzzing, chaos and overload runs found: a spec refused while building the children, the
-sweep of pruned revisions' ConfigMaps, request limits, malformed input, dropped streams and the SIGTERM drain."""
+sweep of pruned revisions' ConfigMaps, request limits, malformed input, streamed chunks' bytes, dropped streams and
+the SIGTERM drain."""
 
 from .definition import OPERATOR, Mutation
-from .selections import FUZZ, OVERLOAD, RECONCILE, REQUEST_LIMITS
+from .selections import FUZZ, OVERLOAD, RECONCILE, RENDER, REQUEST_LIMITS, SSE
 
 ENGINE_PROCESS = ("tests/runtime_tests/server/test_engine_process.py",)
 
@@ -58,6 +59,26 @@ MUTATIONS = [
         "errors: invalid requests answered with FastAPI's 422 body, not OpenAI's error", "server/errors.py",
         "app.add_exception_handler(RequestValidationError, _on_validation_error)", "pass",
         FUZZ + ("-k", "generated_requests"),
+    ),
+    Mutation(
+        "render: a streamed completion's text spliced in unescaped (a quote or a newline breaks the chunk's JSON)",
+        "server/render.py", "starts[index] + encode_basestring(out.text) + end",
+        "starts[index] + '\"' + out.text + '\"' + end", RENDER,
+    ),
+    Mutation(
+        "render: streamed text escaped as ASCII (valid JSON, but not the bytes pydantic writes for the same chunk)",
+        "server/render.py", "from json.encoder import encode_basestring\n",
+        "from json.encoder import encode_basestring_ascii as encode_basestring\n", RENDER,
+    ),
+    Mutation(
+        "sse: a client's disconnect not watched (its stream runs on to max_tokens, holding its slot)",
+        "server/sse.py", "watching = asyncio.ensure_future(_disconnect(receive))",
+        "watching = asyncio.ensure_future(asyncio.Event().wait())", SSE + ("-k", "disconnect"),
+    ),
+    Mutation(
+        "sse: close left to the events' own finally (a client gone before the first event leaves its choices "
+        "running)", "server/sse.py", "            self.close()\n", "            pass\n",
+        SSE + ("-k", "before_the_first_event"),
     ),
     Mutation(
         "scheduler: an aborted request leaves the batch without its slot freed (each dropped stream leaks a slot)",

@@ -17,8 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
-from sse_starlette import EventSourceResponse
-from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
@@ -30,6 +28,7 @@ from neuronmodel_runtime.sampling.params import MAX_N, SamplingParams, SamplingP
 from neuronmodel_runtime.server.errors import APIError, error_body, invalid
 from neuronmodel_runtime.server.metrics import Metrics
 from neuronmodel_runtime.server.protocol import IGNORED_FIELDS, REFUSED_FIELDS, Usage
+from neuronmodel_runtime.server.sse import EventStream
 
 log = logging.getLogger(__name__)
 
@@ -54,24 +53,10 @@ class SSEStream:
     close: Callable[[], None]
 
 
-class TokenStream(EventSourceResponse):
-    """sse-starlette's response without a timeout scope per event when there is no send timeout (ours): entering
-    an anyio cancel scope for each token's send was a quarter of the server's CPU with 64 streams (py-spy,
-    sse-starlette 3.7, bench/serving.py host_ms_per_step_b64). Pings, disconnect detection and the rest are
-    sse-starlette's."""
-
-    async def _send_with_timeout(self, send: Any, message: Any) -> None:
-        if self.send_timeout is None:
-            await send(message)
-        else:
-            await super()._send_with_timeout(send, message)
-
-
 def respond(result: Union[dict, SSEStream]) -> Response:
     """A route's result as JSON or as a server-sent-event stream."""
     if isinstance(result, SSEStream):
-        # `background` covers a client gone before the first event: the generator's own finally never runs.
-        return TokenStream(result.events, sep="\n", background=BackgroundTask(result.close))
+        return EventStream(result.events, result.close)
     return JSONResponse(result)
 
 
@@ -98,6 +83,10 @@ class Generation:
         self._metrics = metrics
         self._on_close = on_close
         self._closed = False
+
+    @property
+    def num_choices(self) -> int:
+        return len(self._streams)
 
     async def _pump(self, index: int, stream: RequestStream) -> None:
         """Relays one choice's outputs; runs until the engine's final output, even after `close()`, so every

@@ -23,6 +23,7 @@ from neuronmodel_runtime.server.protocol import (
     ChatMessage,
     ChatMessageOut,
 )
+from neuronmodel_runtime.server.render import chat_chunks
 from neuronmodel_runtime.server.serving import Generation, Serving, SSEStream
 
 
@@ -57,7 +58,7 @@ class ChatServing:
         generation = serving.start(request_id, [prompt_ids], params, req.n)
         if req.stream:
             template = ChatCompletionChunk(id=request_id, model=serving.model_name, choices=[])
-            events = self._stream(generation, template, req.n, req.include_usage, req.top_logprobs or 0)
+            events = self._stream(generation, template, req.n, req.include_usage, req.logprobs, req.top_logprobs or 0)
             return SSEStream(events, generation.close)
         results = await generation.collect(raw.receive)
         choices = [
@@ -85,17 +86,18 @@ class ChatServing:
             raise invalid("messages", f"messages cannot be rendered with the model's chat template: {exc}") from None
 
     def _stream(self, generation: Generation, template: ChatCompletionChunk, n: int, include_usage: bool,
-                top_logprobs: int) -> AsyncIterator[str]:
+                with_logprobs: bool, top_logprobs: int) -> AsyncIterator[str]:
         def chunk(index: int, delta: ChatDelta, logprobs: Optional[dict] = None, finish: Optional[str] = None) -> str:
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)
             return template.model_copy(update={"choices": [choice]}).model_dump_json()
 
-        def render(index: int, out: RequestOutput) -> str:
+        def render_with_logprobs(index: int, out: RequestOutput) -> str:
             logprobs = self._logprobs(out.token_ids, out.logprobs, top_logprobs) if out.logprobs else None
             return chunk(index, ChatDelta(content=out.text or None), logprobs, out.finish_reason)
 
         # The role comes first, once per choice, as OpenAI sends it.
         roles = [chunk(index, ChatDelta(role="assistant", content="")) for index in range(n)]
+        render = render_with_logprobs if with_logprobs else chat_chunks(template, n)
         return generation.events(render, template, include_usage, prelude=roles)
 
     def _logprobs(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]], top: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from neuronmodel_runtime.runners.base import TokenLogprob
 from neuronmodel_runtime.server.errors import invalid
 from neuronmodel_runtime.server.limits import check_request_size
 from neuronmodel_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from neuronmodel_runtime.server.render import Render, completion_chunks
 from neuronmodel_runtime.server.serving import Generation, Serving, SSEStream
 
 
@@ -41,7 +42,7 @@ class CompletionServing:
         generation = serving.start(request_id, prompts, params, req.n)
         template = CompletionResponse(id=request_id, model=serving.model_name, choices=[])
         if req.stream:
-            return SSEStream(self._stream(generation, template, req.include_usage, echoed, req.n), generation.close)
+            return SSEStream(self._stream(generation, template, req, echoed), generation.close)
         results = await generation.collect(raw.receive)
         choices = [
             CompletionChoice(
@@ -70,8 +71,20 @@ class CompletionServing:
             return texts
         return [self.tokenizer.decode(p, skip_special_tokens=True) for p in ids]
 
-    def _stream(self, generation: Generation, template: CompletionResponse, include_usage: bool,
-                echoed: Optional[list[str]], n: int) -> AsyncIterator[str]:
+    def _stream(self, generation: Generation, template: CompletionResponse, req: CompletionRequest,
+                echoed: Optional[list[str]]) -> AsyncIterator[str]:
+        if req.logprobs is None:
+            render = completion_chunks(template, generation.num_choices)
+        else:
+            render = self._chunks_with_logprobs(template)
+        prelude = []
+        if echoed:  # the prompt first, one chunk per choice (as vLLM streams echo)
+            for index in range(len(echoed) * req.n):
+                choice = CompletionChoice(index=index, text=echoed[index // req.n])
+                prelude.append(template.model_copy(update={"choices": [choice]}).model_dump_json())
+        return generation.events(render, template, req.include_usage, prelude=prelude)
+
+    def _chunks_with_logprobs(self, template: CompletionResponse) -> Render:
         text_len: dict[int, int] = {}  # choice -> characters sent (logprobs' text_offset)
 
         def render(index: int, out: RequestOutput) -> str:
@@ -86,12 +99,7 @@ class CompletionServing:
             )
             return template.model_copy(update={"choices": [choice]}).model_dump_json()
 
-        prelude = []
-        if echoed:  # the prompt first, one chunk per choice (as vLLM streams echo)
-            for index in range(len(echoed) * n):
-                choice = CompletionChoice(index=index, text=echoed[index // n])
-                prelude.append(template.model_copy(update={"choices": [choice]}).model_dump_json())
-        return generation.events(render, template, include_usage, prelude=prelude)
+        return render
 
     def _logprobs(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]], offset: int) -> dict[str, Any]:
         """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
