@@ -2,8 +2,8 @@
 buckets) and the compile-artifact store's leases."""
 
 from .definition import Mutation
-from .selections import (CACHE, COMPILED_BUCKETS, DAMAGED_ENTRY, FETCH_FULL, GROUP_KILLED, MODEL_FILES, NXDI_RUNNER,
-                         NXDI_SUITE, STORE_FULL, TNX_SUITE)
+from .selections import (CACHE, COMPILED_BATCH_BUCKETS, COMPILED_BUCKETS, DAMAGED_ENTRY, FETCH_FULL, GROUP_KILLED,
+                         MODEL_FILES, NXDI_RUNNER, NXDI_SUITE, STORE_FULL, TNX_SUITE)
 
 MUTATIONS = [
     Mutation(
@@ -120,6 +120,13 @@ MUTATIONS = [
         "line = self.line_bucket(max(positions) + 1)",
         "line = self.lines[0]",
         COMPILED_BUCKETS,
+    ),
+    Mutation(
+        "compiled: every decode step over all the slots (one client pays for max_num_seqs rows)",
+        "runners/compiled_graphs.py",
+        "batch = self.batch_bucket(max(slots) + 1)",
+        "batch = self.num_slots",
+        COMPILED_BATCH_BUCKETS,
     ),
     Mutation(
         "neuron: a global top-k above the device's limit accepted", "runners/device_sampling.py",

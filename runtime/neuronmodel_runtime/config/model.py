@@ -172,8 +172,8 @@ class RuntimeConfig(_Strict):
     )
     compile: bool = Field(
         False,
-        description="Run the reference model as fixed-shape compiled graphs (torch.compile) as Neuron does: full-batch "
-        "decode, prefill length buckets; off by default for the CPU quickstart.",
+        description="Run the reference model as fixed-shape compiled graphs (torch.compile) as Neuron does: decode "
+        "batch buckets, prefill length buckets; off by default for the CPU quickstart.",
     )
     max_num_seqs: int = Field(
         8, ge=1, le=1024, description="Batch slots, each owning one KV-cache line (Neuron's compiled batch size)."

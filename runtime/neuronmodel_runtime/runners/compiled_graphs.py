@@ -4,13 +4,16 @@ Neuron runs a model only in the shapes it was compiled for; so does `FixedShapeM
 (inductor, `dynamic=False`, one full graph per shape) over the same `LlamaModel` weights and KV cache, at the shapes
 `buckets.graph_shapes` lists:
 
-- decode: graphs at the full slot batch `[max_num_seqs, 1]`, row i in KV line i (NxDI's token generation), one per
-  token-generation bucket: each attends over the first b positions of the lines only, and a step runs the smallest
-  bucket that holds every row's position (NxDI's `token_generation_buckets`, made by the same rule as the context
-  buckets over the line: powers of two from 128, then the whole line). A slot without a row this step gets a filler
-  row (token 0) at its next free position, as the NxDI runner sends them: its own next step writes that position
-  before anything reads it (see `_filler_position`); a filler past the bucket writes there all the same and reads
-  nothing it keeps.
+- decode: graphs `[n, 1]` over the first n slots, row i in KV line i (NxDI's token generation), one per
+  token-generation bucket and batch bucket n. A graph attends over the first b positions of its n lines only, and a
+  step runs the smallest token-generation bucket that holds every row's position (NxDI's
+  `token_generation_buckets`, made by the same rule as the context buckets over the line: powers of two from 128,
+  then the whole line) and the smallest batch bucket that holds its highest slot (`buckets.batch_buckets`: 1, 4,
+  16, ... then max_num_seqs; the scheduler hands out the lowest free slot, so one client decodes one row, not
+  max_num_seqs; the full batch is NxDI's shape). A slot of the bucket without a row this step gets a filler row
+  (token 0) at its next free position, as the NxDI runner sends them: its own next step writes that position before
+  anything reads it (see `_filler_position`); a filler past the bucket writes there all the same and reads nothing
+  it keeps. The slots past the batch bucket are not touched.
 - prefill: one graph per context-encoding bucket `[1, b]` (NxDI's rule, `buckets.context_buckets`: powers of two up
   to max_context_length, from 128 on Neuron; from `PREFILL_MIN_BUCKET` here, where a chat prompt of a few dozen
   tokens padded to 128 would cost four times its compute), one prompt per call, right-padded to the smallest bucket
@@ -18,11 +21,11 @@ Neuron runs a model only in the shapes it was compiled for; so does `FixedShapeM
   (NxDI compiles context encoding at batch 1: the reference runner goes further on the CPU);
   the pads sit after the prompt, so causal attention never lets a real token see them, and the logits are taken at
   the last real token only.
-- verify (scored speculation): graphs at `[max_num_seqs, k+1]` per token-generation bucket, full batch as well: each
-  speculating row feeds its last token and its drafts (padded to k+1), the other slots are fillers. The draft model
-  uses the same graphs to catch up on several tokens at once, and the decode and prefill graphs otherwise.
+- verify (scored speculation): graphs at `[max_num_seqs, k+1]` per token-generation bucket, at the full batch only:
+  each speculating row feeds its last token and its drafts (padded to k+1), the other slots are fillers. The draft
+  model uses the same graphs to catch up on several tokens at once, and the decode and prefill graphs otherwise.
 
-Every decode and verify graph attends over its bucket's part of the KV lines (`[slots, KV, b, hd]` read in place,
+Every decode and verify graph attends over its buckets' part of the KV cache (`[n, KV, b, hd]` read in place,
 masked by position), as a compiled Neuron graph does, where eager decoding reads only the positions written so far.
 The line is `max_model_len + k` long (`buckets.cache_length`): a verify row writes k+1 positions (pads included) and
 a filler row's pads need room at the end of the line.
@@ -50,8 +53,10 @@ import torch.nn.functional as F
 
 from neuronmodel_runtime.runners.buckets import (
     PREFILL_MIN_BUCKET,
+    batch_buckets,
     cache_length,
     context_buckets,
+    decode_graph,
     generation_buckets,
     graph_shapes,
 )
@@ -102,9 +107,9 @@ def _decoder(t: Traced, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Te
              line: int = 0) -> torch.Tensor:
     """`[B, T]` tokens of lines `slots` `[B]` at positions `pos` `[B, T]` -> hidden states `[B, T, D]`.
 
-    fresh: every row starts at position 0 (prefill): attend causally over this call's K/V; otherwise attend over
-    the first `line` positions of the lines (a token-generation bucket), masked to those at or before each token's
-    own.
+    fresh: every row starts at position 0 (prefill): attend causally over this call's K/V; otherwise row i is line
+    i (decode, verify) and attends over the first `line` positions of its line (a token-generation bucket), masked to
+    those at or before each token's own.
     """
     model = t.model
     cfg, w = model.config, model.weights
@@ -133,7 +138,8 @@ def _decoder(t: Traced, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Te
                                                   is_causal=True, enable_gqa=heads != kv_heads)  # [B, H, T, hd]
         else:
             assert mask is not None
-            attn = _line_attention(q, model.k_cache[i, :, :, :line], model.v_cache[i, :, :, :line], mask)
+            # rows are lines 0..B-1 (a batch bucket): a static view of the cache, no gather
+            attn = _line_attention(q, model.k_cache[i, :batch, :, :line], model.v_cache[i, :batch, :, :line], mask)
         x = x + _linear(t, attn.transpose(1, 2).reshape(batch, length, heads * hd), layer.o, layer.o_bias)
         gate, up = _linear(t, rms_norm(x, layer.post_norm, cfg.rms_norm_eps), layer.gate_up).chunk(2, dim=-1)
         x = x + _linear(t, F.silu(gate) * up, layer.down)
@@ -156,8 +162,8 @@ def _prefill_graph(t: Traced, tokens: torch.Tensor, slot: torch.Tensor, last: to
 
 
 def _decode_graph(t: Traced, tokens: torch.Tensor, positions: torch.Tensor, line: int) -> torch.Tensor:
-    """Every slot, in slot order: tokens `[S, 1]` at positions `[S, 1]` of line i, attending over its first `line`
-    positions -> logits `[S, V]`."""
+    """The first n slots, in slot order: tokens `[n, 1]` at positions `[n, 1]` of line i, attending over its first
+    `line` positions -> logits `[n, V]`."""
     slots = torch.arange(tokens.shape[0], device=tokens.device)
     return _logits(t, _decoder(t, tokens, slots, positions, fresh=False, line=line)[:, 0])
 
@@ -196,6 +202,7 @@ class FixedShapeModel:
         self.max_context_length = max_context_length
         self.buckets = context_buckets(max_context_length, PREFILL_MIN_BUCKET)
         self.lines = generation_buckets(model.max_len)  # the decode / verify graphs' token-generation buckets
+        self.batches = batch_buckets(self.num_slots)  # the decode graphs' batch buckets
         self.verify_width = verify_width  # k+1; 0 = no verify graph
         self.device, self.dtype, self.config = model.device, model.dtype, model.config
         # linear layers on oneDNN-packed weights (float32 on the CPU; None: wherever that is possible)
@@ -230,7 +237,7 @@ class FixedShapeModel:
                  "batchprefill": _prefill_graph}
         dev = self.device
         for graph, shape in self.shapes().items():
-            kind, size = graph.split("_")
+            kind, size = graph.split("_")[:2]  # decode_<line>[_b<batch>]: the batch is the shape's
             fn = _own_code(kinds[kind], f"{self.name}_{graph}_graph")
             self._graphs[graph] = torch.compile(fn, dynamic=False, fullgraph=True)
             tokens = torch.zeros(shape, dtype=torch.int64, device=dev)
@@ -248,6 +255,10 @@ class FixedShapeModel:
     def line_bucket(self, needed: int) -> int:
         """The smallest token-generation bucket that holds `needed` positions (every real row's, fillers aside)."""
         return next(b for b in self.lines if needed <= b)
+
+    def batch_bucket(self, needed: int) -> int:
+        """The smallest decode batch bucket that holds the first `needed` slots."""
+        return next(n for n in self.batches if needed <= n)
 
     def _run(self, graph: str, *inputs: Any) -> torch.Tensor:
         if graph not in self._graphs:
@@ -307,15 +318,18 @@ class FixedShapeModel:
         return logits[: rows - pad]
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """One token per row at its position, all slots in one full-batch call: `[B, V]` logits in row order."""
+        """One token per row at its position, in one call over the first n slots, n the smallest batch bucket that
+        holds the highest one: `[B, V]` logits in row order."""
         self._check_room(positions, 1)
-        full_tokens = torch.zeros((self.num_slots, 1), dtype=torch.int64)
-        full_pos = torch.tensor([[self._filler_position(s)] for s in range(self.num_slots)], dtype=torch.int64)
+        batch = self.batch_bucket(max(slots) + 1)
+        batch_tokens = torch.zeros((batch, 1), dtype=torch.int64)
+        batch_pos = torch.tensor([[self._filler_position(s)] for s in range(batch)], dtype=torch.int64)
         rows = torch.tensor(list(slots), dtype=torch.int64)
-        full_tokens[rows, 0] = torch.tensor(list(tokens), dtype=torch.int64)
-        full_pos[rows, 0] = torch.tensor(list(positions), dtype=torch.int64)
+        batch_tokens[rows, 0] = torch.tensor(list(tokens), dtype=torch.int64)
+        batch_pos[rows, 0] = torch.tensor(list(positions), dtype=torch.int64)
         line = self.line_bucket(max(positions) + 1)
-        logits = self._run(f"decode_{line}", full_tokens.to(self.device), full_pos.to(self.device), line)  # [S, V]
+        logits = self._run(decode_graph(line, batch, self.num_slots), batch_tokens.to(self.device),
+                           batch_pos.to(self.device), line)  # [n, V]
         for slot, position in zip(slots, positions):
             self._next[slot] = position + 1
         return logits[rows.to(self.device)]
@@ -344,8 +358,8 @@ class FixedShapeModel:
         """`SlotModel`: feed `[B, T]` tokens at start_pos of each slot's line, `[B, V]` logits at the last one.
 
         Through the graphs: rows starting at 0 are prefilled (up to max_context_length tokens, one call each), the
-        rest is fed in full-batch calls, one token per row through the decode graph, several through the verify
-        graph (up to k+1 at a time)."""
+        rest is fed in calls of every pending row, one token per row through the decode graph, several through the
+        verify graph (up to k+1 at a time)."""
         rows = [list(map(int, t)) for t in tokens.tolist()]
         out = torch.empty((len(rows), self.vocab_size), dtype=self.dtype, device=self.device)
         pending: dict[int, tuple[list[int], int]] = {}  # row -> (tokens still to feed, their start)

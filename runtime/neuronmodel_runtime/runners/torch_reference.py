@@ -17,12 +17,13 @@ the engine's next position is the source of truth, and every KV position is rewr
 Before sampling, the logits processors (min_tokens mask, logit_bias, penalties) apply to the rows that use them.
 
 With `compile: true` the model runs only as fixed-shape compiled graphs, as Neuron runs it (`compiled_graphs`):
-full-batch decode with filler rows, one prompt per prefill call at its context-encoding bucket, the verify graph at
-`[max_num_seqs, k+1]`, and the draft model's graphs likewise. They are compiled (and run once) at load, into the
-artifacts folder with the weights converted to the serving dtype; a warm start loads both instead of converting the
-checkpoint, and compiles from torch's cache artifacts (cache hits, no code generation). Sampling stays outside the
-graphs, so outputs match eager decoding (greedy token for token; float32 logits within 1e-4: measured 2e-7 on random
-tiny checkpoints, 1.5e-5 on the committed tiny target).
+decode over the smallest batch bucket of slots that holds the highest one, with filler rows, one prompt per prefill
+call at its context-encoding bucket, the verify graph at `[max_num_seqs, k+1]`, and the draft model's graphs
+likewise. They are compiled (and run once) at load, into the artifacts folder with the weights converted to the
+serving dtype; a warm start loads both instead of converting the checkpoint, and compiles from torch's cache
+artifacts (cache hits, no code generation). Sampling stays outside the graphs, so outputs match eager decoding
+(greedy token for token; float32 logits within 1e-4: measured 2e-7 on random tiny checkpoints, 1.5e-5 on the
+committed tiny target).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def prefill_groups(lengths: Sequence[int], budget: float = PREFILL_PADDING_BUDGE
 COMPILE_CACHE_FILE = "torch-compile-cache.bin"
 KERNELS_FILE = "inductor-kernels.tar"
 #: Changes with what the artifacts hold or how the graphs are built, so that older artifacts are never loaded.
-ARTIFACTS_FORMAT = 2
+ARTIFACTS_FORMAT = 3
 COMPILE_WITH_TP = ("compile: true with parallelism.tensor_parallel_degree > 1 is not supported by the torch reference "
                    "runner (its fixed-shape graphs hold no collectives); set compile false")
 DRAFT_WEIGHTS_FILE = "draft-weights.safetensors"
@@ -372,7 +373,7 @@ class TorchReferenceRunner(ModelRunner):
         if any(batch.num_spec_tokens):
             raise ValueError("the torch runner speculates through score(), not fused decode")
         model = self._model()
-        if self.graphs is not None:  # every slot in one full-batch call
+        if self.graphs is not None:  # the first n slots in one call, n a batch bucket
             logits = self.graphs.decode(batch.slots, batch.last_tokens, batch.positions)
             return self._sample(logits, batch.slots, batch.sampling, batch.num_logprobs)
         order = sorted(range(len(batch.slots)), key=lambda i: batch.slots[i])  # by slot: consecutive lines

@@ -1,4 +1,4 @@
-"""The reference runner with `compile: true`: fixed-shape compiled graphs (full-batch decode with filler rows,
+"""The reference runner with `compile: true`: fixed-shape compiled graphs (decode at batch buckets with filler rows,
 prefill at context-encoding buckets, verify at [slots, k+1]) that serve exactly what eager decoding serves, never
 compile while serving, and start warm from their artifacts (torch's compile cache + converted weights).
 
@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 from neuronmodel_runtime.runners.base import DecodeBatch, PrefillBatch, RunnerError, ScoreBatch  # noqa: E402
 from neuronmodel_runtime.runners.buckets import (  # noqa: E402
+    batch_buckets,
     cache_length,
     context_buckets,
     generation_buckets,
@@ -89,7 +90,8 @@ class Recorder:
 
 def schedule(runner) -> tuple[list[list[int]], list]:
     """Batched prefill (a one-token prompt among them), batched decode in slot and in other orders, a slot freed and
-    reused, prefill while others rest, and a decode of one row alone (every other slot a filler)."""
+    reused, prefill while others rest, a decode of one row alone (every other slot a filler), and of slot 0 alone
+    (the batch bucket of 1: the other slots untouched)."""
     rec = Recorder(runner)
     out: dict[int, list[int]] = {}
     pos: dict[int, int] = {}
@@ -113,6 +115,7 @@ def schedule(runner) -> tuple[list[list[int]], list]:
     prefill([0, 1], [[11, 12, 13, 14, 15, 16, 17, 18, 90], [44]])
     decode([1, 3, 0, 2], 6)
     decode([1], 4)
+    decode([0], 3)
     decode([2, 1], 2)
     return [finished] + [out[s] for s in sorted(out)], rec.logits
 
@@ -126,7 +129,8 @@ def compiled_and_eager(request, tiny_checkpoint):
 @slow
 def test_compiled_runner_serves_what_eager_serves(compiled_and_eager):
     compiled, eager = compiled_and_eager
-    assert compiled.info()["graphs"] == {"decode_64": [4, 1], "prefill_32": [1, 32], "batchprefill_32": [4, 32]}
+    assert compiled.info()["graphs"] == {"decode_64_b1": [1, 1], "decode_64": [4, 1], "prefill_32": [1, 32],
+                                         "batchprefill_32": [4, 32]}
     before = compile_counters()
     tokens, logits = schedule(compiled)
     assert compile_counters()["graphs"] == before["graphs"], "serving after warm-up compiled a graph"
@@ -143,8 +147,9 @@ def test_prefill_buckets_and_bucket_choice(tiny_checkpoint):
     folder = tiny_checkpoint("llama")
     fields = dict(max_num_seqs=2, max_model_len=256, max_context_length=256)
     compiled, eager = make_runner(folder, compile=True, **fields), make_runner(folder, **fields)
-    assert set(compiled.info()["graphs"]) == {"decode_128", "decode_256", "prefill_32", "prefill_64", "prefill_128",
-                                              "prefill_256", "batchprefill_32", "batchprefill_64", "batchprefill_128"}
+    assert set(compiled.info()["graphs"]) == {"decode_128", "decode_256", "decode_128_b1", "decode_256_b1",
+                                              "prefill_32", "prefill_64", "prefill_128", "prefill_256",
+                                              "batchprefill_32", "batchprefill_64", "batchprefill_128"}
     assert [compiled.graphs.bucket(n) for n in (1, 32, 33, 128, 129, 256)] == [32, 32, 64, 128, 256, 256]
     with pytest.raises(ValueError, match="max_context_length"):
         compiled.graphs.bucket(257)
@@ -163,7 +168,18 @@ def test_generation_buckets_are_nxdis_token_generation_buckets():
     assert generation_buckets(64) == [64]
     shapes = graph_shapes(16, 1024, cache_length(2048, 5), 5)
     assert [g for g in shapes if g.startswith("verify")] == [f"verify_{b}" for b in (128, 256, 512, 1024, 2052)]
-    assert [g for g in shapes if g.startswith("decode")] == [f"decode_{b}" for b in (128, 256, 512, 1024, 2052)]
+    assert [g for g in shapes if g.startswith("decode")] == [
+        f"decode_{b}{n}" for b in (128, 256, 512, 1024, 2052) for n in ("_b1", "_b4", "")]
+
+
+def test_batch_buckets_grow_by_four_up_to_the_slots():
+    assert batch_buckets(32) == [1, 4, 16, 32]
+    assert batch_buckets(16) == [1, 4, 16]
+    assert batch_buckets(8) == [1, 4, 8]
+    assert batch_buckets(3) == [1, 3]
+    assert batch_buckets(1) == [1]
+    assert graph_shapes(8, 32, 64, 0) == {"decode_64_b1": [1, 1], "decode_64_b4": [4, 1], "decode_64": [8, 1],
+                                          "prefill_32": [1, 32], "batchprefill_32": [8, 32]}
 
 
 @slow
@@ -225,6 +241,38 @@ def test_each_decode_step_runs_the_smallest_line_bucket_that_holds_its_rows(tiny
 
 
 @slow
+def test_decode_runs_the_smallest_batch_bucket_holding_the_highest_slot(tiny_checkpoint):
+    """8 slots, batch buckets 1, 4 and 8: a step decodes slots 0..n-1 for the smallest bucket n above its highest
+    slot (the resting slots below it are fillers, those above are not touched), and the tokens and logits are eager
+    decoding's, whichever bucket each step ran; none of them compiles while serving."""
+    folder = tiny_checkpoint("llama")
+    compiled, eager = make_runner(folder, compile=True, max_num_seqs=8), make_runner(folder, max_num_seqs=8)
+    before = compile_counters()
+    graphs = compiled.graphs
+    ran = []
+    run = graphs._run
+    graphs._run = lambda graph, *inputs: ran.append(graph) or run(graph, *inputs)
+    got, want = Recorder(compiled), Recorder(eager)
+    prompts_ = {0: [3, 17, 5, 60, 2], 3: [9, 4], 4: [7, 1, 88, 42, 42, 9, 30, 31, 5, 77]}
+    steps = [[0], [0], [3], [0, 3], [4], [0], [4, 0, 3], [0], [3]]
+    for rec in (got, want):
+        rec.out = {s: rec.prefill([s], [p])[0] for s, p in prompts_.items()}
+        rec.positions = {s: len(p) for s, p in prompts_.items()}
+        for slots in steps:
+            tokens = rec.decode(slots, [rec.out[s] for s in slots], [rec.positions[s] for s in slots])
+            for s, t in zip(slots, tokens):
+                rec.out[s] = t
+                rec.positions[s] += 1
+    assert [g for g in ran if g.startswith("decode")] == ["decode_64_b1", "decode_64_b1", "decode_64_b4",
+                                                          "decode_64_b4", "decode_64", "decode_64_b1", "decode_64",
+                                                          "decode_64_b1", "decode_64_b4"]
+    assert compile_counters()["graphs"] == before["graphs"], "serving after warm-up compiled a graph"
+    assert got.out == want.out
+    assert len(got.logits) == len(want.logits) == len(prompts_) + len(steps)
+    assert max(float((a - b).abs().max()) for a, b in zip(got.logits, want.logits)) < ATOL
+
+
+@slow
 def test_serving_a_shape_that_was_not_compiled_fails_instead_of_compiling(tiny_checkpoint):
     graphs = make_runner(tiny_checkpoint("llama"), compile=True).graphs
     with pytest.raises(Exception, match="recompile"):
@@ -252,8 +300,8 @@ def test_compiled_speculation_matches_plain_decoding(greedy_plain, tiny_checkpoi
     graphs = runner.info()
     assert graphs["graphs"]["verify_67"] == [3, 4]  # the line: max_model_len 64 + k 3 scratch positions
     if mode == "draft":
-        assert graphs["draft_graphs"] == {"decode_67": [3, 1], "prefill_32": [1, 32], "batchprefill_32": [3, 32],
-                                          "verify_67": [3, 4]}
+        assert graphs["draft_graphs"] == {"decode_67_b1": [1, 1], "decode_67": [3, 1], "prefill_32": [1, 32],
+                                          "batchprefill_32": [3, 32], "verify_67": [3, 4]}
         assert runner.draft_model() is runner.draft_graphs
     before = compile_counters()
     outputs, engine = run_engine(runner, reqs)
