@@ -86,7 +86,8 @@ def instant_engine(config: RuntimeConfig, on_lost: Any = None, step_ms: float = 
     capacity = RunnerCapacity(config.max_num_seqs, config.max_context_length, config.max_model_len, 0,
                               len(tokenizer))
     engine = Engine(InstantRunner(capacity, text, step_ms / 1e3), tokenizer, eos_token_ids(model, tokenizer),
-                    config.max_num_batched_tokens, config.server.request_timeout_s)
+                    config.max_num_batched_tokens, config.server.request_timeout_s,
+                    async_scheduling=config.server.async_scheduling)
     return engine, {}
 
 

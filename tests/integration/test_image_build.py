@@ -305,7 +305,7 @@ def test_the_runtime_image_compiles_the_tiny_model_and_a_second_run_is_a_cache_h
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "config.json").write_text(json.dumps({
-        "model": "/models/tiny", "framework": "torch", "compile": True, "max_num_seqs": 2, "max_model_len": 128,
+        "model": "/models/tiny", "framework": "torch", "compile": True, "max_num_seqs": 1, "max_model_len": 128,
         "max_context_length": 64, "compile_cache": {"url": "/tmp/store", "policy": "IfNotCached"}}))
     compile_twice = "neuronmodel-runtime compile --config /etc/neuronmodel/config.json && " \
                     "rm -rf /tmp/local/compiled && " \

@@ -155,6 +155,12 @@ class ServerConfig(_Strict):
         "and the HTTP event loop never wait for each other's GIL; if that process dies, in-flight requests end with "
         "an error and the server exits with code 1.",
     )
+    async_scheduling: bool = Field(
+        False,
+        description="Detokenize and send each step's tokens while the runner runs the next step, instead of between "
+        "the two (the runner is still called from one thread, in order); a stop string then ends its request one "
+        "step late, and that step's token is dropped.",
+    )
 
 
 class RuntimeConfig(_Strict):

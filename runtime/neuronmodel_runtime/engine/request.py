@@ -47,6 +47,7 @@ class Request:
     # Not yet delivered to the stream:
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    _texted: int = field(default=0, repr=False)  # output_ids[:_texted] are detokenized
 
     @cached_property
     def _base_row(self) -> RowSampling:
@@ -87,10 +88,17 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     def append_tokens(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]] = None) -> None:
-        """Add a step's tokens in order, stopping exactly at the first one that ends the request.
+        """Add a step's tokens in order, stopping exactly at the first one that ends the request: its token ids,
+        then their text."""
+        self.append_token_ids(token_ids, logprobs)
+        self.detokenize()
 
-        Tokens after a stop (EOS, stop token, stop string, max_tokens, max_model_len) are dropped: a
-        speculative step may return several tokens, and none past the stop may reach the user.
+    def append_token_ids(self, token_ids: list[int], logprobs: Optional[list[TokenLogprob]] = None) -> None:
+        """Add a step's tokens, stopping at the first that ends the request by its id (EOS, a stop token,
+        max_tokens, max_model_len); `detokenize` then finds the stop strings among them.
+
+        Tokens after a stop are dropped: a speculative step may return several tokens, and none past the stop
+        may reach the user.
         """
         for i, token in enumerate(token_ids):
             if self.max_new_tokens <= 0:
@@ -100,23 +108,43 @@ class Request:
             self.pending_ids.append(token)
             if logprobs is not None:
                 self.pending_logprobs.append(logprobs[i])
-            may_stop = len(self.output_ids) > self.params.min_tokens
-            if may_stop and self._is_stop_token(token):  # counted as output, never shown as text
-                self.finish_reason, self.stop_reason = FINISH_STOP, token
-                return
-            matched = self.stop_matcher.feed(self.detokenizer.add(token), check=may_stop)
-            if matched is not None:
-                self.finish_reason, self.stop_reason = FINISH_STOP, matched
+            if len(self.output_ids) > self.params.min_tokens and self._is_stop_token(token):
+                self.finish_reason, self.stop_reason = FINISH_STOP, token  # counted as output, never shown as text
                 return
             if self.max_new_tokens <= 0:
                 self.finish_reason = FINISH_LENGTH
                 return
+
+    def detokenize(self) -> bool:
+        """Turn the tokens appended since the last call into text; True when a stop string among them ended the
+        request (which then ends at that token: the tokens after it are dropped, whatever ended it later, an abort
+        included, as it would have ended there had its text been made at once)."""
+        end = len(self.output_ids)
+        if isinstance(self.stop_reason, int):
+            end -= 1  # the stop token: never shown as text
+        while self._texted < end:
+            token, self._texted = self.output_ids[self._texted], self._texted + 1
+            matched = self.stop_matcher.feed(self.detokenizer.add(token), check=self._texted > self.params.min_tokens)
+            if matched is not None:
+                self._drop_after(self._texted)
+                self.finish_reason, self.stop_reason = FINISH_STOP, matched
+                return True
+        return False
+
+    def _drop_after(self, kept: int) -> None:
+        dropped = len(self.output_ids) - kept
+        if dropped:
+            del self.output_ids[kept:]
+            del self.pending_ids[len(self.pending_ids) - dropped:]
+            if self.pending_logprobs:
+                del self.pending_logprobs[len(self.pending_logprobs) - dropped:]
 
     def _is_stop_token(self, token: int) -> bool:
         return token in self.params.stop_token_ids or (not self.params.ignore_eos and token in self.eos_token_ids)
 
     def take_output(self) -> RequestOutput:
         """The increment since the last call; the final one carries the finish reason and metrics."""
+        self.detokenize()  # an aborted request's last tokens, with async scheduling
         done = self.finish_reason is not None
         if done and self.stop_reason is None or isinstance(self.stop_reason, int):
             self.stop_matcher.feed(self.detokenizer.flush(), check=False)

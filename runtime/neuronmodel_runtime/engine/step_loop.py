@@ -118,6 +118,7 @@ class StepLoop:
     def _fail_in_flight(self, why: str) -> None:
         """Abort the waiting and running requests, free their slots, and emit their final outputs."""
         sched = self.engine.scheduler
+        self.engine.discard_untexted()  # what _fail_lost does not end below ends now
         victims = [*sched.waiting, *sched.running.values()]
         for req in victims:
             req.error = req.error or why

@@ -374,8 +374,10 @@ def test_a_two_pod_tensor_parallel_group_answers_through_its_service_and_a_lost_
 
 
 def test_a_compile_job_fills_the_cache_and_the_serving_pods_start_from_it(operator, volumes, kubectl, client):
+    # one slot: the Job compiles 7 graphs, not 13 (no batch buckets, no batched prefill); each request is served alone
     model = neuron_model("tiny-cached", NS, "pvc://e2e-models/tiny",
-                         compileCache={"url": "pvc://e2e-cache/artifacts", "policy": "IfNotCached"})
+                         compileCache={"url": "pvc://e2e-cache/artifacts", "policy": "IfNotCached"},
+                         batching={"maxBatchSize": 1, "maxContextLength": 256, "maxSeqLen": 512})
     served = _apply_and_serve(kubectl, model)
     (job,) = kubectl.get("jobs", namespace=NS, selector=f"{NAME_LABEL}=tiny-cached")
     assert is_true(job, "Complete"), job["status"]

@@ -252,9 +252,10 @@ def test_sigterm_drains_in_flight_requests_and_exits_0():
 TINY = TESTS / "assets" / "tiny" / "target"
 NO_TINY = pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="no tiny test model (make tiny-models)")
 MODELS = [
-    pytest.param(TINY, 128, False, marks=NO_TINY, id="tiny"),
-    pytest.param(TINY, 128, True, marks=NO_TINY, id="tiny-engine-process"),
-    pytest.param(default_model_path(), 24, False, marks=[
+    pytest.param(TINY, 128, {}, marks=NO_TINY, id="tiny"),
+    pytest.param(TINY, 128, {"engine_process": True, "async_scheduling": True}, marks=NO_TINY,
+                 id="tiny-engine-process-async-scheduling"),
+    pytest.param(default_model_path(), 24, {}, marks=[
         pytest.mark.smollm2, pytest.mark.skipif(not (default_model_path() / "config.json").is_file(),
                                                 reason="no embedded default model (make default-model)")],
         id="smollm2"),
@@ -262,15 +263,16 @@ MODELS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "drain_tokens", "engine_process"), MODELS)
-def test_cli_server_on_a_real_model(tmp_path, model, drain_tokens, engine_process):
+@pytest.mark.parametrize(("model", "drain_tokens", "server"), MODELS)
+def test_cli_server_on_a_real_model(tmp_path, model, drain_tokens, server):
     """The real process (`neuronmodel-runtime serve --config`), engine and reference runner (in the server's
-    process, or in its engine core process), driven by the openai client, then SIGTERM with requests in flight."""
+    process, or in its engine core process, with each step's text made beside the next step), driven by the openai
+    client, then SIGTERM with requests in flight."""
     port = _free_port()
     max_model_len = min(256, json.loads((model / "config.json").read_text()).get("max_position_embeddings", 256))
     config = {"model": str(model), "framework": "torch", "max_num_seqs": 4, "max_model_len": max_model_len,
               "max_context_length": max_model_len // 2,
-              "server": {"port": port, "served_model_name": "served", "engine_process": engine_process}}
+              "server": {"port": port, "served_model_name": "served", **server}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     cmd = [sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(tmp_path / "config.json")]
     with server_process(cmd, port, startup_timeout=120) as (url, proc):
