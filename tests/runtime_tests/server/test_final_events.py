@@ -38,10 +38,10 @@ def _finished_by(result):
 
 
 INJECTIONS = {
-    # Engine._update after the runner call succeeded: the requests it finished are out of the scheduler.
-    "update": lambda mp, front: _raise_once(mp, Engine, "_update", lambda self, reqs, result: _finished_by(result),
-                                            after=True),
-    # Request.take_output of a finished request, inside _update.
+    # Engine._apply after the runner call succeeded: the requests its tokens finished are out of the scheduler.
+    "update": lambda mp, front: _raise_once(mp, Engine, "_apply", lambda self, reqs, out, result: any(
+        r.finish_reason for r in result), after=True),
+    # Request.take_output of a finished request, inside Engine._text.
     "take_output": lambda mp, front: _raise_once(mp, Request, "take_output", lambda self: self.finish_reason),
     # The detokenizer's final flush (inside take_output).
     "detokenizer": lambda mp, front: _raise_once(mp, IncrementalDetokenizer, "flush", lambda self: True),
