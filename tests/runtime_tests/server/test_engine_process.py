@@ -98,17 +98,29 @@ def test_ctrl_c_to_the_whole_process_group_still_drains_in_flight_requests(tmp_p
         wait_until(lambda: _ready(url, proc), timeout=120, what="server ready")
 
         async def two_requests():
+            """Both streamed, Ctrl+C once each has its first token (the tiny model's 120 tokens take a fraction of
+            a second: a fixed wait could find them done)."""
+            started = [asyncio.Event(), asyncio.Event()]
             async with httpx.AsyncClient(timeout=60) as client:
-                async def one():
-                    return await client.post(f"{url}/v1/completions", json={**LONG, "stream": False})
-                tasks = [asyncio.ensure_future(one()) for _ in range(2)]
-                await asyncio.sleep(0.5)
+                async def one(started):
+                    body = {**LONG, "stream_options": {"include_usage": True}}
+                    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+                        events = []
+                        async for line in response.aiter_lines():
+                            if line.startswith("data: "):
+                                events.append(line[len("data: "):])
+                                started.set()
+                        return response.status_code, events
+                tasks = [asyncio.ensure_future(one(event)) for event in started]
+                await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), timeout=60)
                 os.killpg(proc.pid, signal.SIGINT)
                 return await asyncio.gather(*tasks)
 
         responses = asyncio.run(two_requests())
-        assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]
-        assert all(r.json()["usage"]["completion_tokens"] == LONG["max_tokens"] for r in responses)
+        assert [status for status, _ in responses] == [200, 200], responses
+        assert all(events[-1] == "[DONE]" for _, events in responses), responses
+        assert all(json.loads(events[-2])["usage"]["completion_tokens"] == LONG["max_tokens"]
+                   for _, events in responses), responses
         assert proc.wait(timeout=60) == 0
         assert "drain complete" in proc.stdout.read()
     finally:
