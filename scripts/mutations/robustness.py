@@ -12,7 +12,7 @@ MUTATIONS = [
     Mutation(
         "async scheduling: a call's text made before the next call runs, not beside it", "engine/engine.py",
         "            text = self._texter.submit(self._text, untexted, emit) if self._texter and untexted else None\n",
-        "            self._end_by_stop_strings(self._text(untexted, emit))\n            text = None\n",
+        "            self._finish(self._text(untexted, emit))\n            text = None\n",
         ENGINE + ("-k", "while_the_next_call_runs"),
     ),
     Mutation(

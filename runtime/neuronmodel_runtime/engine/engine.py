@@ -105,16 +105,16 @@ class Engine:
             text = self._texter.submit(self._text, untexted, emit) if self._texter and untexted else None
             result = self._run(call, len(reqs))
             if text is not None:
-                self._end_by_stop_strings(text.result())
+                self._finish(text.result())
             untexted = self._apply(reqs, result)
             if self._texter is None:
-                self._end_by_stop_strings(self._text(untexted, emit))
+                self._finish(self._text(untexted, emit))
                 untexted = []
             ran = True
         if ran:
             self._untexted = untexted
         elif untexted:  # nothing to run beside the text: it runs now
-            self._end_by_stop_strings(self._text(untexted, emit))
+            self._finish(self._text(untexted, emit))
         stats = self.stats
         stats.num_running = self.scheduler.num_running
         stats.num_waiting = self.scheduler.num_waiting
@@ -232,14 +232,8 @@ class Engine:
                 req.append_token_ids(result.token_ids[i], result.logprobs[i] if result.logprobs else None)
                 if req.metrics.first_token is None and req.output_ids:
                     req.metrics.first_token = now
-        live = []
-        for req in reqs:
-            if req.status is RequestStatus.FINISHED:  # a stop string ended it while this call ran
-                continue
-            if req.finish_reason is not None:
-                self.scheduler.finish(req)
-                self._release_slot(req)
-            live.append(req)
+        live = [req for req in reqs if req.status is not RequestStatus.FINISHED]  # else a stop string ended it
+        self._finish([req for req in live if req.finish_reason is not None])
         return live
 
     def _text(self, reqs: list[Request], emit: Emit) -> list[Request]:
@@ -256,7 +250,8 @@ class Engine:
         self.stats.generation_tokens_total += sum(len(out.token_ids) for out in outputs)
         return outputs
 
-    def _end_by_stop_strings(self, reqs: list[Request]) -> None:
+    def _finish(self, reqs: list[Request]) -> None:
+        """End requests whose finish reason is set: out of the scheduler, their slots freed."""
         for req in reqs:
             self.scheduler.finish(req)
             self._release_slot(req)
