@@ -151,8 +151,12 @@ class RealNode:
             problems.append(f"iptables chains this node would make exist already: {', '.join(chains[:5])}")
         return problems
 
-    def stop(self, remove: bool = True) -> None:
-        """Remove every process, mount, cgroup, link, iptables chain and file the node made."""
+    def stop(self, remove: bool = True, keep_logs: bool = False) -> None:
+        """Remove every process, mount, cgroup, link, iptables chain and file the node made.
+
+        `remove=False` keeps the data dir (a restart reuses it); `keep_logs` removes all of it but `logs/` (what a
+        killed harness leaves: its containerd store holds the pulled images, gigabytes).
+        """
         state = self._state()
         if not state:
             return
@@ -178,7 +182,8 @@ class RealNode:
         if host.mounts_under(self.data_dir):
             raise RuntimeError(f"mounts remain under {self.data_dir}; not removing it")
         if remove:
-            subprocess.run(["rm", "-rf", "--one-file-system", str(self.data_dir)], check=False)
+            doomed = [c for c in self.data_dir.iterdir() if c.name != "logs"] if keep_logs else [self.data_dir]
+            subprocess.run(["rm", "-rf", "--one-file-system", *map(str, doomed)], check=False)
             self._memory = {}
         else:
             self._record(pids={}, reaper=None)
@@ -440,9 +445,9 @@ def _pdeathsig() -> None:
 
 
 def _reap(data_dir: Path) -> None:
-    """The reaper: wait for SIGTERM (the harness died), then clean up everything state.json names."""
+    """The reaper: wait for SIGTERM (the harness died), then clean up everything state.json names but the logs."""
     def cleanup(*_):
-        RealNode(None, data_dir, name=json.loads((data_dir / "state.json").read_text())["name"]).stop(remove=False)
+        RealNode(None, data_dir, name=json.loads((data_dir / "state.json").read_text())["name"]).stop(keep_logs=True)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, cleanup)
