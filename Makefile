@@ -77,9 +77,11 @@ vllm-parsers: $(STAMP)
 default-model: $(STAMP)
 	$(PY) scripts/fetch_default_model.py
 
-## Serve the embedded default model on 127.0.0.1:8000.
+## Serve the embedded default model on 127.0.0.1:8000: eager (no compile at the first start), the engine core in its
+## own process, each step's text made beside the next step; the fastest of our paths for one client on 2 cores, and
+## within 10 % of the compiled runner at 16 (README, Benchmarks: bench/serve_sweep.py, 2026-12-07).
 run: default-model
-	$(VENV)/bin/neuronmodel-runtime serve
+	$(VENV)/bin/neuronmodel-runtime serve --engine-process true --async-scheduling true
 
 ## What the tests need, made at once: the venvs' and images' downloads and the model's conversion overlap the Go
 ## builds.

