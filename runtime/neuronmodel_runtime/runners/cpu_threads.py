@@ -32,9 +32,17 @@ def cpu_threads(requested: Optional[int], available: Optional[int] = None, quota
 
 def cgroup_cpu_quota(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT) -> Optional[float]:
     """This process's cgroup CPU quota in CPUs (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us / cpu.cfs_period_us`);
-    None where there is none or it cannot be read. A container without its own cgroup namespace sees the host's
-    path in /proc/self/cgroup but its own cgroup mounted at the root: both are looked at."""
-    for line in proc_cgroup.read_text().splitlines() if proc_cgroup.exists() else []:
+    None where there is none or it cannot be read (never an error: the quota only caps a default). A container
+    without its own cgroup namespace sees the host's path in /proc/self/cgroup but its own cgroup mounted at the
+    root: both are looked at."""
+    try:
+        return _quota(_read(proc_cgroup) or "", root)
+    except (ValueError, IndexError, ZeroDivisionError):
+        return None
+
+
+def _quota(proc_cgroup: str, root: Path) -> Optional[float]:
+    for line in proc_cgroup.splitlines():
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2: "0::/path"
             for folder in (root / path.lstrip("/"), root):

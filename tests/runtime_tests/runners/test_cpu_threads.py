@@ -58,3 +58,8 @@ POD = "kubepods.slice/kubepods-burstable.slice/cri-containerd-1a2b.scope"
 ])
 def test_the_cgroup_quota_is_read_as_the_kernel_writes_it(tmp_path, proc_cgroup, files, quota):
     assert cgroup_cpu_quota(*_tree(tmp_path, proc_cgroup, files)) == quota
+
+
+@pytest.mark.parametrize("content", ["garbage\n", "200000\n", "x 100000\n", "100000 0\n"])
+def test_an_unreadable_quota_is_no_quota_not_an_error(tmp_path, content):
+    assert cgroup_cpu_quota(*_tree(tmp_path, "0::/\n", {"cpu.max": content})) is None
