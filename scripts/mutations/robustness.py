@@ -3,7 +3,7 @@ sweep of pruned revisions' ConfigMaps, request limits, malformed input, streamed
 the SIGTERM drain."""
 
 from .definition import OPERATOR, Mutation
-from .selections import FUZZ, OVERLOAD, RECONCILE, RENDER, REQUEST_LIMITS, SSE
+from .selections import ABORT_FREES_SLOT, FUZZ, OVERLOAD, RECONCILE, RENDER, REQUEST_LIMITS, SSE
 
 ENGINE_PROCESS = ("tests/runtime_tests/server/test_engine_process.py",)
 ENGINE = ("tests/runtime_tests/engine/test_engine.py",)
@@ -94,7 +94,7 @@ MUTATIONS = [
     Mutation(
         "scheduler: an aborted request leaves the batch without its slot freed (each dropped stream leaks a slot)",
         "engine/scheduler.py", "for req in out.aborted:\n            self._release(req)",
-        "for req in out.aborted:\n            self.running.pop(req.slot, None)", OVERLOAD,
+        "for req in out.aborted:\n            self.running.pop(req.slot, None)", ABORT_FREES_SLOT,
     ),
     Mutation(
         "serving: a stream its client dropped not aborted (its slot stays busy until max_tokens)", "server/serving.py",

@@ -36,5 +36,6 @@ STORE_FULL = ("tests/runtime_tests/artifacts/test_store.py", "-k", "full or fill
 DAMAGED_ENTRY = ("tests/runtime_tests/artifacts/test_compile_job.py", "-k", "damaged_store_entry")
 GROUP_KILLED = ("tests/runtime_tests/distributed/test_group_processes.py", "-k", "killed")
 OVERLOAD = ("tests/runtime_tests/server/test_overload.py",)
+ABORT_FREES_SLOT = ("tests/runtime_tests/engine/test_engine.py", "-k", "abort_frees_the_slot")
 DRA = ("tests/operator_tests/test_dra.py",)
 TOPOLOGY = ("tests/runtime_tests/distributed/test_topology.py",)
