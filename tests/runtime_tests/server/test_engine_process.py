@@ -50,7 +50,7 @@ def gone(pid: int) -> bool:
 
 
 def serve_command(tmp_path: Path, port: int, model: Path = TINY) -> list[str]:
-    config = {"model": str(model), "framework": "torch", "max_num_seqs": 4, "max_model_len": 256,
+    config = {"model": str(model), "framework": "torch", "max_num_seqs": 4, "max_model_len": 1024,
               "max_context_length": 128, "server": {"port": port, "engine_process": True}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     return [sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(tmp_path / "config.json")]
@@ -98,12 +98,13 @@ def test_ctrl_c_to_the_whole_process_group_still_drains_in_flight_requests(tmp_p
         wait_until(lambda: _ready(url, proc), timeout=120, what="server ready")
 
         async def two_requests():
-            """Both streamed, Ctrl+C once each has its first token (the tiny model's 120 tokens take a fraction of
-            a second: a fixed wait could find them done)."""
+            """Both streamed, Ctrl+C once each has its first token (a fixed wait could find them done). Each asks
+            for 900 tokens (seconds of decoding): 120 took a fraction of a second, which a busy machine's late
+            first read could miss, and a request done before Ctrl+C proves nothing of the drain."""
             started = [asyncio.Event(), asyncio.Event()]
             async with httpx.AsyncClient(timeout=60) as client:
                 async def one(started):
-                    body = {**LONG, "stream_options": {"include_usage": True}}
+                    body = {**LONG, "max_tokens": 900, "stream_options": {"include_usage": True}}
                     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
                         events = []
                         async for line in response.aiter_lines():
@@ -119,10 +120,11 @@ def test_ctrl_c_to_the_whole_process_group_still_drains_in_flight_requests(tmp_p
         responses = asyncio.run(two_requests())
         assert [status for status, _ in responses] == [200, 200], responses
         assert all(events[-1] == "[DONE]" for _, events in responses), responses
-        assert all(json.loads(events[-2])["usage"]["completion_tokens"] == LONG["max_tokens"]
-                   for _, events in responses), responses
+        assert all(json.loads(events[-2])["usage"]["completion_tokens"] == 900 for _, events in responses), \
+            [events[-2] for _, events in responses]
         assert proc.wait(timeout=60) == 0
-        assert "drain complete" in proc.stdout.read()
+        log = proc.stdout.read()
+        assert "draining: 2 request(s) in flight" in log and "drain complete" in log, log[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
