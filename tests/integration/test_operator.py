@@ -101,9 +101,14 @@ def test_every_sample_gets_its_children(api, name):
     api.apply(body)
     model = body["metadata"]["name"]
     multinode = spec.get("parallelism", {}).get("nodes", 1) > 1
+    # 60 s were once not enough for a compiling sample on a machine busy with three suites: its status and Events
+    # say where it waited if it happens again
     api.wait_until("the serving workload", lambda: api.custom.list_namespaced_custom_object(
         "leaderworkerset.x-k8s.io", "v1", api.ns, "leaderworkersets")["items"] if multinode
-        else api.deployment(model), 60)
+        else api.deployment(model), 120,
+        diagnose=lambda: f"status {api.get(model).get('status')}\nevents "
+                         f"{[(e.reason, e.message) for e in api.events(model)]}\n"
+                         f"jobs {[(j.metadata.name, j.status) for j in api.batch.list_namespaced_job(api.ns).items]}")
     # the children of one reconcile are applied at once: wait for each
     service = api.wait_until("the Service", lambda: next(
         iter(api.core.list_namespaced_service(api.ns, field_selector=f"metadata.name={model}").items), None), 10)

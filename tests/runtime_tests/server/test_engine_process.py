@@ -49,9 +49,9 @@ def gone(pid: int) -> bool:
     return state == "Z"
 
 
-def serve_command(tmp_path: Path, port: int, model: Path = TINY) -> list[str]:
+def serve_command(tmp_path: Path, port: int, model: Path = TINY, **server) -> list[str]:
     config = {"model": str(model), "framework": "torch", "max_num_seqs": 4, "max_model_len": 1024,
-              "max_context_length": 128, "server": {"port": port, "engine_process": True}}
+              "max_context_length": 128, "server": {"port": port, "engine_process": True, **server}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     return [sys.executable, "-m", "neuronmodel_runtime.cli", "serve", "--config", str(tmp_path / "config.json")]
 
@@ -90,7 +90,9 @@ def test_ctrl_c_to_the_whole_process_group_still_drains_in_flight_requests(tmp_p
     """Ctrl+C reaches every process of the terminal's group: the core ignores it, so the front's drain completes
     what is in flight."""
     port = _free_port()
-    command = serve_command(tmp_path, port)
+    # The drain waits as long as the requests take on a machine busy with other suites (900 tokens took over the
+    # default 30 s once beside them).
+    command = serve_command(tmp_path, port, drain_timeout_s=300)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
