@@ -692,7 +692,10 @@ def test_deleting_a_vllm_replica_drains_its_in_flight_stream(vllm_served, kubect
     reader = threading.Thread(target=stream, daemon=True)
     reader.start()
     assert first.wait(60), "no first chunk from vLLM"
-    logs = _kubectl_process(kubectl, "logs", "-f", "--tail=0", name, "-c", "runtime", "-n", NS)
+    # From a time, not from whenever `logs -f` attaches: on a busy machine it attached after vLLM's first shutdown
+    # lines (the drain's among them), though vLLM drained and the stream ended whole
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
+    logs = _kubectl_process(kubectl, "logs", "-f", f"--since-time={since}", name, "-c", "runtime", "-n", NS)
     watch = _watch_until_deleted(kubectl, name)
     time.sleep(1)  # both streams open before the deletion
     streamed = len(chunks)
