@@ -179,19 +179,19 @@ def _build_lws() -> None:
     shutil.copyfile(Path(_download("sigs.k8s.io/lws", LWS_VERSION)["Dir"]) / LWS_CRD_PATH, lws_crd())
 
 
-def _debian_package(package: str, line: str) -> tuple[dict[str, str], bytes]:
+def _debian_package(package: str, upstream_line: str) -> tuple[dict[str, str], bytes]:
     """The suite's current `package` (its index stanza) and its .deb, checked against the index's sha256; a version
-    outside the upstream `line` is refused (a new upstream line is a decision, not an update)."""
+    outside `upstream_line` is refused (a new upstream line is a decision, not an update)."""
     archive = "http://deb.debian.org/debian"
     index = lzma.decompress(_fetch(f"{archive}/dists/{DEBIAN_SUITE}/main/binary-amd64/Packages.xz")).decode()
-    stanza = next((dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and line[0] != " ")
+    stanza = next((dict(field.split(": ", 1) for field in block.splitlines() if ": " in field and field[0] != " ")
                    for block in index.split("\n\n") if block.startswith(f"Package: {package}\n")), None)
     if stanza is None:
         raise RuntimeError(f"Debian {DEBIAN_SUITE} has no package {package}")
     upstream = stanza["Version"].split(":")[-1]
-    if not upstream.startswith(line):
-        raise RuntimeError(f"Debian {DEBIAN_SUITE}'s {package} is {stanza['Version']}, not of the {line}x line "
-                           "scripts/k8s/install.py takes (DEBIAN_BINARIES): update it, and check the suite with it")
+    if not upstream.startswith(upstream_line):
+        raise RuntimeError(f"Debian {DEBIAN_SUITE}'s {package} is {stanza['Version']}, not of the {upstream_line}x "
+                           "line scripts/k8s/install.py takes (DEBIAN_BINARIES): update it, and check the suite with it")
     deb = _fetch(f"{archive}/{stanza['Filename']}")
     if hashlib.sha256(deb).hexdigest() != stanza["SHA256"]:
         raise RuntimeError(f"{stanza['Filename']}: its sha256 is not the one Debian's index gives")
