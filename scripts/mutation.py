@@ -7,7 +7,8 @@ tests into a temporary directory, applies the mutation as an exact text replacem
 mutation, when the target text is not found exactly once, so the list cannot rot silently), runs only the test files
 that mutation needs against the mutated copy, and requires that run to FAIL. Every selection of tests the mutations
 run must pass on the unmutated code first, in the copies: `--suite-passed` skips that proof where the full suite has
-just passed on this tree (`make test` runs the mutations after it: the proof re-ran ~4 minutes of those tests). Each pytest run is a process forked from a fork server that has imported
+just passed on this tree (`make test` runs the mutations after it: the proof re-ran ~4 minutes of those tests). Each
+pytest run is a process forked from a fork server that has imported
 the heavy third-party modules once (PRELOAD) and none of ours; it asserts, before collecting, that
 `neuronmodel_runtime` is imported from the copy and that the imported module holds the mutated text; bytecode is
 never written, so no stale cache can hide a mutation.
@@ -65,8 +66,9 @@ sys.exit(pytest.main(args))
 """
 
 
-#: What a mutation may change (copied, no bytecode); everything else in the repository is linked into the copy, so
-#: a test finds each file it reads where the suite found it (the suite's pass stands for the copy's).
+#: What a mutation may change (copied, no bytecode); everything else in the repository but its hidden entries (.git,
+#: the venvs, hypothesis' example database: mutated runs must not save their failures there) is linked into the copy,
+#: so a test finds each file it reads where the suite found it (the suite's pass stands for the copy's).
 COPIED = ("runtime", "operator", "tests/runtime_tests", "tests/operator_tests")
 
 
@@ -76,7 +78,8 @@ def make_copy(root: Path) -> None:
         shutil.copytree(REPO / folder, root / folder, ignore=ignore)
     for entry in (*REPO.iterdir(), *(REPO / "tests").iterdir()):
         relative = entry.relative_to(REPO)
-        if not any(str(relative) == c or c.startswith(f"{relative}/") for c in COPIED) and entry.name != "__pycache__":
+        copied = any(str(relative) == c or c.startswith(f"{relative}/") for c in COPIED)
+        if not (copied or entry.name.startswith(".") or entry.name == "__pycache__"):
             (root / relative).symlink_to(entry)
 
 

@@ -191,7 +191,8 @@ def _debian_package(package: str, upstream_line: str) -> tuple[dict[str, str], b
     upstream = stanza["Version"].split(":")[-1]
     if not upstream.startswith(upstream_line):
         raise RuntimeError(f"Debian {DEBIAN_SUITE}'s {package} is {stanza['Version']}, not of the {upstream_line}x "
-                           "line scripts/k8s/install.py takes (DEBIAN_BINARIES): update it, and check the suite with it")
+                           "line scripts/k8s/install.py takes (DEBIAN_BINARIES): update it, and check the suite "
+                           "with it")
     deb = _fetch(f"{archive}/{stanza['Filename']}")
     if hashlib.sha256(deb).hexdigest() != stanza["SHA256"]:
         raise RuntimeError(f"{stanza['Filename']}: its sha256 is not the one Debian's index gives")
