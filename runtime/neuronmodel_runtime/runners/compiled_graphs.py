@@ -211,9 +211,6 @@ class FixedShapeModel:
         self._next: dict[int, int] = {}  # slot -> 1 + the highest position a real token of it was written at
         self._graphs: dict[str, Callable[..., torch.Tensor]] = {}
         self.compile_seconds = 0.0
-        # On the CPU each graph is one C++ library, its calls and kernels together (inductor's cpp_wrapper): one
-        # compiler run per graph instead of three per kernel (4 graphs: 36 s, not 59), and no Python between kernels.
-        self.inductor_options = {"cpp_wrapper": self.device.type == "cpu"}
 
     @property
     def vocab_size(self) -> int:
@@ -242,7 +239,7 @@ class FixedShapeModel:
         for graph, shape in self.shapes().items():
             kind, size = graph.split("_")[:2]  # decode_<line>[_b<batch>]: the batch is the shape's
             fn = _own_code(kinds[kind], f"{self.name}_{graph}_graph")
-            self._graphs[graph] = torch.compile(fn, dynamic=False, fullgraph=True, options=self.inductor_options)
+            self._graphs[graph] = torch.compile(fn, dynamic=False, fullgraph=True)
             tokens = torch.zeros(shape, dtype=torch.int64, device=dev)
             if kind == "decode":
                 self._graphs[graph](self._traced, tokens, torch.ones(shape, dtype=torch.int64, device=dev), int(size))
