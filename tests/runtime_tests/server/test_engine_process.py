@@ -57,6 +57,7 @@ def serve_command(tmp_path: Path, port: int, model: Path = TINY, **server) -> li
 
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 120, "temperature": 1, "ignore_eos": True, "stream": True}
+DRAINED_TOKENS = 900  # the Ctrl+C test's requests: seconds of decoding, in flight when Ctrl+C lands
 
 
 def test_a_killed_engine_process_ends_the_stream_with_an_error_and_the_server_exits_1(tmp_path):
@@ -106,7 +107,7 @@ def test_ctrl_c_to_the_whole_process_group_still_drains_in_flight_requests(tmp_p
             started = [asyncio.Event(), asyncio.Event()]
             async with httpx.AsyncClient(timeout=60) as client:
                 async def one(started):
-                    body = {**LONG, "max_tokens": 900, "stream_options": {"include_usage": True}}
+                    body = {**LONG, "max_tokens": DRAINED_TOKENS, "stream_options": {"include_usage": True}}
                     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
                         events = []
                         async for line in response.aiter_lines():
@@ -122,7 +123,8 @@ def test_ctrl_c_to_the_whole_process_group_still_drains_in_flight_requests(tmp_p
         responses = asyncio.run(two_requests())
         assert [status for status, _ in responses] == [200, 200], responses
         assert all(events[-1] == "[DONE]" for _, events in responses), responses
-        assert all(json.loads(events[-2])["usage"]["completion_tokens"] == 900 for _, events in responses), \
+        assert all(json.loads(events[-2])["usage"]["completion_tokens"] == DRAINED_TOKENS
+                   for _, events in responses), \
             [events[-2] for _, events in responses]
         assert proc.wait(timeout=60) == 0
         log = proc.stdout.read()
