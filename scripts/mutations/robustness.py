@@ -3,7 +3,7 @@ sweep of pruned revisions' ConfigMaps, request limits, malformed input, streamed
 the SIGTERM drain."""
 
 from .definition import OPERATOR, Mutation
-from .selections import ABORT_FREES_SLOT, FUZZ, OVERLOAD, RECONCILE, RENDER, REQUEST_LIMITS, SSE
+from .selections import ABORT_FREES_SLOT, FUZZ, LIVE_DRAIN, RECONCILE, RENDER, REQUEST_LIMITS, SSE
 
 ENGINE_PROCESS = ("tests/runtime_tests/server/test_engine_process.py",)
 ENGINE = ("tests/runtime_tests/engine/test_engine.py",)
@@ -98,15 +98,15 @@ MUTATIONS = [
     ),
     Mutation(
         "serving: a stream its client dropped not aborted (its slot stays busy until max_tokens)", "server/serving.py",
-        "self._closed = True\n        self.abort()", "self._closed = True", OVERLOAD,
+        "self._closed = True\n        self.abort()", "self._closed = True", LIVE_DRAIN,
     ),
     Mutation(
         "drain: SIGTERM does not wait for the requests in flight (uvicorn's 5 s close, then the engine stops)",
-        "server/serving.py", "if await self._wait_live(timeout):", "if True:", OVERLOAD,
+        "server/serving.py", "if await self._wait_live(timeout):", "if True:", LIVE_DRAIN,
     ),
     Mutation(
         "drain: the draining flag never set (/ready and new requests answer the engine's 'not_ready', not 'draining')",
         "server/serving.py", "self.draining = True\n        self.engine.stop_accepting()",
-        "self.engine.stop_accepting()", OVERLOAD,
+        "self.engine.stop_accepting()", LIVE_DRAIN,
     ),
 ]

@@ -2,7 +2,7 @@
 buckets) and the compile-artifact store's leases."""
 
 from .definition import Mutation
-from .selections import (CACHE, COMPILED_BATCH_BUCKETS, COMPILED_BUCKETS, DAMAGED_ENTRY, FETCH_FULL, GROUP_KILLED,
+from .selections import (CACHE, COMPILED_BUCKETS, DAMAGED_ENTRY, FETCH_FULL, GROUP_KILLED,
                          MODEL_FILES, NXDI_RUNNER, NXDI_SUITE, STORE_FULL, TNX_SUITE)
 
 MUTATIONS = [
@@ -126,7 +126,7 @@ MUTATIONS = [
         "runners/compiled_graphs.py",
         "batch = self.batch_bucket(max(slots) + 1)",
         "batch = self.num_slots",
-        COMPILED_BATCH_BUCKETS,
+        COMPILED_BUCKETS,
     ),
     Mutation(
         "neuron: a global top-k above the device's limit accepted", "runners/device_sampling.py",

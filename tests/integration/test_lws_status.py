@@ -69,11 +69,12 @@ def test_a_template_change_of_a_group_settles_ready_on_the_new_pods(api, wait_un
         status = body.get("status") or {}
         if status.get("observedGeneration") != body["metadata"]["generation"] or status.get("phase") != "Ready":
             return False
+        # a model serving through its rollout is Ready all along: settled is when its rollout reads complete
+        if conditions(body)["Progressing"] != ("True", "RolloutComplete"):
+            return False
         pods = [p for p in group_pods(api, "regroup") if not p.metadata.deletion_timestamp]
         return len(pods) == 2 and all(p.spec.containers[0].resources.requests.get("memory") == "3Gi" for p in pods)
-    wait_until("Ready on the new template", rolled, 120)
-    body = api.get("regroup")
-    assert conditions(body)["Progressing"] == ("True", "RolloutComplete")
+    wait_until("Ready on the new template, the rollout complete", rolled, 120)
     written = leaderworkerset(api, "regroup")["status"]
     assert (written.get("readyReplicas"), written.get("updatedReplicas"), written.get("replicas")) == (1, 1, 1)
     # the new group's pods wait for the old group's cores (the node is full): Unschedulable for a moment, no failure

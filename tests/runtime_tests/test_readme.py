@@ -192,6 +192,17 @@ def of_kind(name: str) -> list[Command]:
     return [c for c in COMMANDS if kind(c) == name]
 
 
+def distinct(commands: list[Command]) -> list[tuple[Command, list[int]]]:
+    """Each command once (the README shows `neuronmodel-runtime selftest` in three places: one run answers for
+    all), with the lines that show it."""
+    lines: dict[tuple[str, ...], list[int]] = {}
+    first: dict[tuple[str, ...], Command] = {}
+    for c in commands:
+        first.setdefault(tuple(c.argv), c)
+        lines.setdefault(tuple(c.argv), []).append(c.line)
+    return [(first[argv], lines[argv]) for argv in first]
+
+
 # --- the README as documentation (fast) ------------------------------------------------------------------------
 
 
@@ -401,9 +412,10 @@ def test_readme_serve_command(command, request):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [
-    pytest.param(c, marks=needs_default_model if uses_default_model(c.argv) else [])
-    for c in [*of_kind("cli"), *inline_cli_commands(TEXT)]
-], ids=lambda c: f"{c.argv[1]}-line{c.line}")
+    pytest.param(c, marks=needs_default_model if uses_default_model(c.argv) else [],
+                 id=f"{c.argv[1]}-line{'-'.join(map(str, lines))}")
+    for c, lines in distinct([*of_kind("cli"), *inline_cli_commands(TEXT)])
+])
 def test_readme_cli_command(command):
     out = subprocess.run([str(SCRIPT), *command.argv[1:]], cwd=ROOT, env=clean_env(), capture_output=True,
                          text=True, timeout=300)

@@ -28,7 +28,7 @@ from neuronmodel_runtime.runners.buckets import (  # noqa: E402
     generation_buckets,
     graph_shapes,
 )
-from neuronmodel_runtime.runners.compiled_graphs import COMPILED_STANCE  # noqa: E402
+from neuronmodel_runtime.runners.compiled_graphs import COMPILED_STANCE, FixedShapeModel  # noqa: E402
 from neuronmodel_runtime.runners.graph_artifacts import compile_counters  # noqa: E402
 from neuronmodel_runtime.sampling.params import GREEDY, SamplingParams  # noqa: E402
 from runtime_tests.helpers.runner_helpers import make_runner  # noqa: E402
@@ -211,9 +211,9 @@ def test_prompts_filling_most_slots_are_prefilled_in_one_call(tiny_checkpoint):
 def test_each_decode_step_runs_the_smallest_line_bucket_that_holds_its_rows(tiny_checkpoint):
     """Lines of 256 positions, buckets 128 and 256: rows below 128 decode in the 128 graph, and a row crossing it
     moves the whole step to the 256 graph (a resting row's filler past the bucket changes nothing); the tokens
-    and logits are eager decoding's."""
+    and logits are eager decoding's. (The prefill test's shapes: the artifacts it compiled are loaded.)"""
     folder = tiny_checkpoint("llama")
-    fields = dict(max_num_seqs=2, max_model_len=256, max_context_length=128)
+    fields = dict(max_num_seqs=2, max_model_len=256, max_context_length=256)
     compiled, eager = make_runner(folder, compile=True, **fields), make_runner(folder, **fields)
     graphs = compiled.graphs
     ran = []
@@ -270,6 +270,30 @@ def test_decode_runs_the_smallest_batch_bucket_holding_the_highest_slot(tiny_che
     assert got.out == want.out
     assert len(got.logits) == len(want.logits) == len(prompts_) + len(steps)
     assert max(float((a - b).abs().max()) for a, b in zip(got.logits, want.logits)) < ATOL
+
+
+def test_a_decode_step_picks_the_smallest_line_and_batch_buckets_holding_its_rows(tiny_checkpoint):
+    """The graph a decode step runs, every graph a stub that records its name (nothing compiled: milliseconds; the
+    two tests above show the compiled graphs serving eager's tokens through the same choice): 8 slots, lines of
+    256 positions (buckets 128, 256), batch buckets 1, 4, 8."""
+    eager = make_runner(tiny_checkpoint("llama"), max_num_seqs=8, max_model_len=256)
+    graphs = FixedShapeModel(eager.model, eager.config.max_context_length, 256)
+    assert (graphs.lines, graphs.batches) == ([128, 256], [1, 4, 8])
+    ran = []
+
+    def stub(name):
+        def run(_traced, tokens, _positions, _line):
+            ran.append(name)
+            return torch.zeros((tokens.shape[0], graphs.vocab_size))
+        return run
+
+    graphs._graphs = {name: stub(name) for name in graphs.shapes() if name.startswith("decode")}
+    steps = [([0], [5], "decode_128_b1"), ([3], [5], "decode_128_b4"), ([0, 3], [127, 5], "decode_128_b4"),
+             ([4], [5], "decode_128"), ([0], [128], "decode_256_b1"), ([2, 1], [9, 200], "decode_256_b4"),
+             ([7, 0], [3, 255], "decode_256")]
+    for slots, positions, expected in steps:
+        assert len(graphs.decode(slots, [1] * len(slots), positions)) == len(slots)
+        assert ran[-1] == expected, (slots, positions)
 
 
 @slow
@@ -360,11 +384,12 @@ def test_host_sampling_and_logprobs_match_eager(tiny_checkpoint):
 
 @slow
 def test_a_local_folder_missing_a_file_is_compiled_again_never_served(tiny_checkpoint):
-    fields = dict(max_num_seqs=2, max_model_len=48, max_context_length=16)
-    runner = make_runner(tiny_checkpoint("llama"), compile=True, **fields)
-    assert runner.info()["compiled_now"]
+    """The default shape's folder (serves_what_eager_serves[llama] compiled it into this module's cache, or this
+    test's first runner does), a file of it removed: the next runner compiles it again."""
+    runner = make_runner(tiny_checkpoint("llama"), compile=True)
+    assert (runner.artifacts_folder / "weights.safetensors").is_file()
     (runner.artifacts_folder / "weights.safetensors").unlink()
-    again = make_runner(tiny_checkpoint("llama"), compile=True, **fields)
+    again = make_runner(tiny_checkpoint("llama"), compile=True)
     assert again.info()["compiled_now"] and (again.artifacts_folder / "weights.safetensors").is_file()
 
 
