@@ -483,8 +483,9 @@ def trn2_node(real_node, kubectl, operator, volumes):
     kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(cores))
     wait("the node's NeuronCores", lambda: kubectl.get("node", name)["status"]["allocatable"].get(NEURONCORE), 30)
     yield name
-    for model in (VLLM_NAME, VLLM_MISSING, VLLM_REFUSED):
-        kubectl("delete", "nm", model, "-n", NS, "--wait=true", "--timeout=120s", "--ignore-not-found", check=False)
+    # one command: the three are deleted at once, and it waits for all of them
+    kubectl("delete", "nm", VLLM_NAME, VLLM_MISSING, VLLM_REFUSED, "-n", NS, "--wait=true", "--timeout=120s",
+            "--ignore-not-found", check=False)
     kubectl("label", "node", name, f"{INSTANCE_TYPE}={before}", "--overwrite")
     gone = {"status": {"capacity": {NEURONCORE: None}, "allocatable": {NEURONCORE: None}}}
     kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(gone))
