@@ -2,8 +2,8 @@
 buckets) and the compile-artifact store's leases."""
 
 from .definition import Mutation
-from .selections import (CACHE, COMPILED_BUCKETS, DAMAGED_ENTRY, FETCH_FULL, GROUP_KILLED,
-                         MODEL_FILES, NXDI_RUNNER, NXDI_SUITE, STORE_FULL, TNX_SUITE)
+from .selections import (CACHE, COMPILED_BUCKETS, DAMAGED_ENTRY, FETCH_FULL, GROUP_KILLED, MODEL_FILES, NXDI_RUNNER,
+                         NXDI_SUITE, STORE_FULL, TNX_SUITE)
 
 MUTATIONS = [
     Mutation(

@@ -35,7 +35,6 @@ FETCH_FULL = ("tests/runtime_tests/artifacts/test_fetch.py", "-k", "full_volume"
 STORE_FULL = ("tests/runtime_tests/artifacts/test_store.py", "-k", "full or fills")
 DAMAGED_ENTRY = ("tests/runtime_tests/artifacts/test_compile_job.py", "-k", "damaged_store_entry")
 GROUP_KILLED = ("tests/runtime_tests/distributed/test_group_processes.py", "-k", "killed")
-OVERLOAD = ("tests/runtime_tests/server/test_overload.py",)
 LIVE_DRAIN = ("tests/runtime_tests/server/test_server_live.py", "-k", "drain or disconnect")
 ABORT_FREES_SLOT = ("tests/runtime_tests/engine/test_engine.py", "-k", "abort_frees_the_slot")
 DRA = ("tests/operator_tests/test_dra.py",)

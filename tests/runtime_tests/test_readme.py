@@ -195,12 +195,10 @@ def of_kind(name: str) -> list[Command]:
 def distinct(commands: list[Command]) -> list[tuple[Command, list[int]]]:
     """Each command once (the README shows `neuronmodel-runtime selftest` in three places: one run answers for
     all), with the lines that show it."""
-    lines: dict[tuple[str, ...], list[int]] = {}
-    first: dict[tuple[str, ...], Command] = {}
+    seen: dict[tuple[str, ...], tuple[Command, list[int]]] = {}
     for c in commands:
-        first.setdefault(tuple(c.argv), c)
-        lines.setdefault(tuple(c.argv), []).append(c.line)
-    return [(first[argv], lines[argv]) for argv in first]
+        seen.setdefault(tuple(c.argv), (c, []))[1].append(c.line)
+    return list(seen.values())
 
 
 # --- the README as documentation (fast) ------------------------------------------------------------------------
