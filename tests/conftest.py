@@ -36,3 +36,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return group_of(nodeid)
 
     return ByModuleAndMachine(config, log)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """What the machine group's tests printed (image pushes, pods Ready, compile Jobs, TIMINGS lines), each phase's
+    under its test, phase and seconds: they run one after another on one worker, the suite's longest chain, and
+    `-q` under xdist shows none of their output."""
+    printed = [(report, text) for reports in terminalreporter.stats.values() for report in reports
+               if group_of(getattr(report, "nodeid", "")) == MACHINE_GROUP and getattr(report, "when", None)
+               for text in [dict(report.sections).get(f"Captured stdout {report.when}", "").strip()] if text]
+    if printed:
+        terminalreporter.write_sep("=", "what the real node's tests printed")
+        for report, text in printed:
+            terminalreporter.write_line(f"{report.nodeid.split('::')[-1]} [{report.when}, {report.duration:.0f} s]")
+            for line in text.splitlines():
+                if line.strip():
+                    terminalreporter.write_line(f"    {line[:300]}")

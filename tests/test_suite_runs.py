@@ -62,3 +62,24 @@ def test_the_baseline_runs_hold_every_selection_a_mutation_runs(mutation):
             else:
                 assert tests[0] in whole or f"({tests[2]})" in narrowed[tests[0]], tests
         assert len(runs) < len(selections)
+
+
+def test_the_summary_shows_each_phase_of_the_machines_tests_once_under_its_test(suite_conftest):
+    """A call report carries its setup's output too: only each phase's own is shown, and no other module's."""
+    from types import SimpleNamespace
+
+    def report(nodeid, when, duration, **sections):
+        return SimpleNamespace(nodeid=nodeid, when=when, duration=duration,
+                               sections=[(f"Captured stdout {w}", text) for w, text in sections.items()])
+
+    e2e, other = "tests/integration/realnode/test_end_to_end.py::test_a", "tests/integration/test_operator.py::test_b"
+    written: list[str] = []
+    reporter = SimpleNamespace(
+        stats={"": [report(e2e, "setup", 91.4, setup="\nimage runtime-cpu: pushed in 65 s\n"),
+                    report(e2e, "teardown", 0.1, setup="\nimage runtime-cpu: pushed in 65 s\n")],
+               "passed": [report(e2e, "call", 2.0, setup="\nimage runtime-cpu: pushed in 65 s\n", call="TIMINGS x"),
+                          report(other, "call", 1.0, call="not the machine's")]},
+        write_sep=lambda sep, title: written.append(f"== {title}"), write_line=written.append)
+    suite_conftest.pytest_terminal_summary(reporter)
+    assert written == ["== what the real node's tests printed", "test_a [setup, 91 s]",
+                       "    image runtime-cpu: pushed in 65 s", "test_a [call, 2 s]", "    TIMINGS x"]
