@@ -185,7 +185,7 @@ def push(target: str, address: str) -> str:
     """Push the built target to the OCI registry at `address` (plain http); returns the reference pushed."""
     ref = registry_ref(target, address)
     tools.buildah("push", *tools.signature_policy(), *COMPRESSION, "--tls-verify=false", local_ref(target),
-                  f"docker://{ref}")
+                  f"docker://{ref}", waited_on=True)
     return ref
 
 
@@ -197,7 +197,7 @@ def export_oci_archive(target: str, path: Path, name: str | None = None) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     tools.buildah("push", *tools.signature_policy(), *COMPRESSION, local_ref(target),
-                  f"oci-archive:{path}:{name or local_ref(target)}")
+                  f"oci-archive:{path}:{name or local_ref(target)}", waited_on=True)
     return path
 
 
