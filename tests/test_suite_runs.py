@@ -49,6 +49,36 @@ def test_every_module_that_uses_the_real_node_or_the_cached_registry_is_in_the_m
     assert users and {u for u in users if not u.startswith(suite_conftest.MACHINE_WIDE)} == set()
 
 
+def test_the_real_nodes_chain_goes_out_first_though_bigger_modules_wait(suite_conftest):
+    """xdist's own scheduler, given two workers and a collection where the machine's group is the smallest."""
+    collection = ([f"tests/runtime_tests/test_big.py::test_{i}" for i in range(50)]
+                  + [f"tests/operator_tests/test_mid.py::test_{i}" for i in range(20)]
+                  + [f"tests/integration/realnode/test_end_to_end.py::test_{i}" for i in range(3)])
+
+    class Config:
+        option = type("Option", (), {"loadscopereorder": True})()
+
+        def getvalue(self, name):
+            return {"dist": "loadgroup", "tx": ["2*popen"]}[name]
+
+    class Worker:
+        def __init__(self, name):
+            self.gateway = type("Gateway", (), {"id": name})()
+            self.sent, self.shutting_down = [], False
+
+        def send_runtest_some(self, indexes):
+            self.sent.append([collection[i] for i in indexes])
+
+    scheduler = suite_conftest.pytest_xdist_make_scheduler(Config(), None)
+    first, second = Worker("gw0"), Worker("gw1")
+    for worker in (first, second):
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    assert first.sent[0] == collection[70:]
+    assert second.sent[0] == collection[:50]
+
+
 def test_the_baseline_runs_hold_every_selection_a_mutation_runs(mutation):
     selections = list(dict.fromkeys(m.tests for m in mutation.MUTATIONS))
     for jobs in (1, 2, 3):
