@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import debian_packages
 from neuronmodel_runtime.artifacts.folder import install, staging, write_json
 
 #: Debian package -> a command it installs (present: nothing to do).
@@ -92,24 +93,12 @@ def _die_with_parent() -> None:
 
 
 def missing_packages() -> list[str]:
-    return [package for package, command in PACKAGES.items() if shutil.which(command) is None]
+    return debian_packages.missing(PACKAGES)
 
 
 def ensure_packages() -> list[str]:
     """apt-get the missing ones (update first); returns what it installed."""
-    todo = missing_packages()
-    if todo:
-        t0 = time.monotonic()
-        print(f"images: apt-get install {' '.join(todo)}", flush=True)
-        lock = ["-o", "DPkg::Lock::Timeout=600"]  # other installs may hold dpkg's lock for a while
-        env = {"DEBIAN_FRONTEND": "noninteractive"}
-        run(["apt-get", *lock, "update", "-qq"], env=env)
-        run(["apt-get", *lock, "install", "-y", "-qq", "--no-install-recommends", *todo], env=env)
-        print(f"images: installed {' '.join(todo)} in {time.monotonic() - t0:.0f} s", flush=True)
-        still = missing_packages()
-        if still:
-            raise RuntimeError(f"apt-get installed {todo} but {still} are still missing")
-    return todo
+    return debian_packages.install(PACKAGES, "images")
 
 
 def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> None:

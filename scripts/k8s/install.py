@@ -45,6 +45,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+import debian_packages
+
 K8S_VERSION = "v1.34.4"  # a current EKS release line (1.34)
 KWOK_VERSION = "v0.8.0"
 LWS_VERSION = "v0.7.0"
@@ -304,19 +306,12 @@ def missing(node: bool = False) -> list[str]:
 
 def missing_node_packages() -> list[str]:
     """The Debian packages of NODE_PACKAGES that are not installed."""
-    return [pkg for pkg, path in NODE_PACKAGES.items() if not Path(path).exists()]
+    return debian_packages.missing(NODE_PACKAGES)
 
 
 def ensure_node_packages() -> None:
     """`apt-get install` the missing Debian packages of the real node (`apt-get update` first); root only."""
-    todo = missing_node_packages()
-    if not todo:
-        return
-    print(f"k8s-bin: apt-get install {' '.join(todo)} ...", flush=True)
-    env = {"DEBIAN_FRONTEND": "noninteractive"}
-    lock = ["-o", "DPkg::Lock::Timeout=600"]  # the image builds' own apt-get may hold dpkg's lock (images.tools)
-    _run(["apt-get", *lock, "update", "-q"], **env)
-    _run(["apt-get", *lock, "install", "-y", "-q", "--no-install-recommends", *todo], **env)
+    debian_packages.install(NODE_PACKAGES, "k8s-bin")
 
 
 @contextlib.contextmanager
