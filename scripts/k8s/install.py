@@ -6,8 +6,11 @@ Go builds (through the Go module proxy, `CGO_ENABLED=0`, under `nice`):
     the upstream `./staging/src/...` path to its published `v0.N.M` tag; version stamped by ldflags;
   * kubelet and kube-proxy from the same wrapper module and stamp (`kubernetes-node`: only the optional real
     node of `k8s.realnode` needs them, so `missing()` leaves them out unless asked with `node=True`);
-  * kwok by `go install`, with its default 'fast' Stage manifests from the module;
-  * the LeaderWorkerSet controller from `sigs.k8s.io/lws/cmd`, with the CRD from the same module zip;
+  * the LeaderWorkerSet controller from `sigs.k8s.io/lws/cmd`, with the CRD from the same module zip: required by
+    the same wrapper module, so it compiles against Kubernetes' own `k8s.io/*` modules and reuses what the
+    Kubernetes build compiled (client-go, apiserver, api): 8 s after it, where its own module took 549 s beside it;
+  * kwok by `go install`, with its default 'fast' Stage manifests from the module (no kwok release is on the
+    0.34 line: v0.7.0 does not compile against it, v0.8.0 is on 0.36);
 Debian's builds, from Debian 13's (trixie) archive, where Debian ships the binary (no Go build: minutes of two cores
 saved): etcd (`etcd-server`, 3.5: Kubernetes 1.34 supports etcd 3.5 and 3.6) and the CNCF distribution registry
 (`docker-registry`, 2.8: an OCI registry for charts and images, `k8s.registry`). Each is the suite's current package
@@ -49,7 +52,10 @@ import debian_packages
 
 K8S_VERSION = "v1.34.4"  # a current EKS release line (1.34)
 KWOK_VERSION = "v0.8.0"
-LWS_VERSION = "v0.7.0"
+LWS_VERSION = "v0.8.0"  # the LWS release on Kubernetes 1.34's k8s.io line (0.34), so it builds in Kubernetes' module
+#: modules required beside k8s.io/kubernetes by its wrapper module; Go's version selection takes the highest
+#: version any of them requires of a shared dependency (x/net, protobuf), for all of the builds.
+BESIDE_KUBERNETES = {"sigs.k8s.io/lws": LWS_VERSION}
 DEBIAN_SUITE = "trixie"
 #: component -> (Debian package, the upstream version line taken, {path in the package: name in bin/})
 DEBIAN_BINARIES = {
@@ -106,11 +112,15 @@ def _download(module: str, version: str) -> dict:
     return json.loads(_run(["go", "mod", "download", "-json", f"{module}@{version}"]))
 
 
-def _wrapper_module(name: str, module: str, version: str, replaces: dict[str, str]) -> Path:
-    """Write `<cache>/src/<name>/go.mod` requiring `module@version`, with its `go` line."""
-    upstream = Path(_download(module, version)["GoMod"]).read_text()
-    go_line = next(line for line in upstream.splitlines() if line.startswith("go "))
-    lines = [f"module neuronmodel.local/{name}", "", go_line, "", f"require {module} {version}"]
+def _wrapper_module(name: str, requires: dict[str, str], replaces: dict[str, str]) -> Path:
+    """Write `<cache>/src/<name>/go.mod` requiring each `module@version`, with the highest of their `go` lines."""
+    go_versions = []
+    for module, version in requires.items():
+        upstream = Path(_download(module, version)["GoMod"]).read_text()
+        go_versions.append(next(line.split()[1] for line in upstream.splitlines() if line.startswith("go ")))
+    go_version = max(go_versions, key=lambda v: tuple(int(part) for part in v.split(".")))
+    lines = [f"module neuronmodel.local/{name}", "", f"go {go_version}", "", "require ("]
+    lines += [f"\t{module} {version}" for module, version in requires.items()] + [")"]
     if replaces:
         lines += ["", "replace ("] + [f"\t{old} => {new}" for old, new in sorted(replaces.items())] + [")"]
     src = cache_dir() / "src" / name
@@ -142,7 +152,7 @@ def _kubernetes_src_and_ldflags() -> tuple[Path, str]:
         parts = line.split()
         if len(parts) == 3 and parts[1] == "=>" and parts[2].startswith("./staging/src/"):
             replaces[parts[0]] = f"{parts[0]} {staging_tag}"
-    src = _wrapper_module("kubernetes", "k8s.io/kubernetes", K8S_VERSION, replaces)
+    src = _wrapper_module("kubernetes", {"k8s.io/kubernetes": K8S_VERSION, **BESIDE_KUBERNETES}, replaces)
     major, minor = K8S_VERSION[1:].split(".")[:2]
     pkg = "k8s.io/component-base/version"
     ldflags = (f"-X {pkg}.gitVersion={K8S_VERSION} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor} "
@@ -176,7 +186,7 @@ def _build_kwok() -> None:
 
 
 def _build_lws() -> None:
-    src = _wrapper_module("lws", "sigs.k8s.io/lws", LWS_VERSION, {})
+    src, _ = _kubernetes_src_and_ldflags()
     _go_build(src, "", str(bin_dir() / "lws-controller"), "sigs.k8s.io/lws/cmd")
     lws_crd().parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(Path(_download("sigs.k8s.io/lws", LWS_VERSION)["Dir"]) / LWS_CRD_PATH, lws_crd())
@@ -279,7 +289,7 @@ COMPONENTS = {
 
 #: Components built one after the other, in this order: they compile the same packages (the first one's build cache
 #: serves the next). Every other component is a chain of its own.
-KUBERNETES_CHAIN = ("kubernetes", "kubernetes-node", "pause-source")
+KUBERNETES_CHAIN = ("kubernetes", "lws", "kubernetes-node", "pause-source")
 
 
 def _chains(todo: list[str]) -> list[list[str]]:

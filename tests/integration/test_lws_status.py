@@ -1,7 +1,7 @@
 """A multi-node NeuronModel reaches Ready on the harness's real LeaderWorkerSet controller (the release
 scripts/k8s/install.py pins), its status read the way that release publishes it.
 
-LWS v0.7.0 writes no status.observedGeneration (it came in v0.9.0): a settled group is Available True with every
+LWS v0.7.0 and v0.8.0 write no status.observedGeneration (it came in v0.9.0): a settled group is Available True with every
 group ready and updated. The operator used to wait for an observedGeneration that never came, so a multi-node model
 stayed Loading/RollingOut forever; tests/operator_tests/test_status.py has the status shapes of both releases.
 """
