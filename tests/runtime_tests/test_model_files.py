@@ -21,6 +21,8 @@ from typing import Callable
 import httpx
 import pytest
 
+from runtime_tests.helpers import probe
+
 TARGET = Path(__file__).resolve().parents[1] / "assets" / "tiny" / "target"
 SCRIPT = Path(sys.executable).parent / "neuronmodel-runtime"
 
@@ -42,7 +44,7 @@ def serve_fails(model: Path, timeout: float = 120) -> str:
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
-                answers.append(httpx.get(f"http://127.0.0.1:{port}/ready", timeout=0.5).status_code)
+                answers.append(probe.get(f"http://127.0.0.1:{port}/ready", timeout=0.5).status_code)
             time.sleep(0.05)
         assert proc.poll() is not None, f"serve still running after {timeout:.0f} s on a broken model"
         _, err = proc.communicate(timeout=10)

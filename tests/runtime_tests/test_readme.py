@@ -30,6 +30,8 @@ import pytest
 
 from neuronmodel_runtime.config import SETTINGS, default_model_path
 
+from runtime_tests.helpers import probe
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SCRIPT = Path(sys.executable).parent / "neuronmodel-runtime"
@@ -326,7 +328,7 @@ def serving(argv: list[str]) -> Iterator[str]:
 
 def ready(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/ready", timeout=2).status_code == 200
+        return probe.get(f"{url}/ready", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
 

@@ -21,6 +21,8 @@ from typing import Iterator, Optional
 import httpx
 import pytest
 
+from runtime_tests.helpers import probe
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,7 +52,7 @@ def wait_ready(url: str, procs: list[subprocess.Popen], timeout: float = 180.0) 
         for proc in procs:
             assert proc.poll() is None, f"{proc.args[3]} exited {proc.returncode} before the group was ready"
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+            if probe.get(url + "/ready", timeout=1).status_code == 200:
                 return
         time.sleep(0.2)
     raise AssertionError(f"{url} not ready in {timeout:.0f} s")
@@ -143,9 +145,9 @@ def probes_until_exit(url: str, proc: subprocess.Popen, timeout: float = 15.0) -
     seen, deadline = [], time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         try:
-            ready = httpx.get(url + "/ready", timeout=2)
-            health = httpx.get(url + "/health", timeout=2)
-            request = httpx.post(url + "/v1/completions", json={"model": "target", "prompt": "x", "max_tokens": 1},
+            ready = probe.get(url + "/ready", timeout=2)
+            health = probe.get(url + "/health", timeout=2)
+            request = probe.post(url + "/v1/completions", json={"model": "target", "prompt": "x", "max_tokens": 1},
                                  timeout=5)
         except httpx.HTTPError:
             break

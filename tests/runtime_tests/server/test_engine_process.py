@@ -19,6 +19,7 @@ from typing import AsyncIterator
 import httpx
 import pytest
 
+from runtime_tests.helpers import probe
 from runtime_tests.helpers.fakes import ChatByteTokenizer, make_config
 from runtime_tests.server.test_server_live import TINY, _free_port, server_process, wait_until
 from neuronmodel_runtime.engine.core_client import EngineCoreClient, EngineCoreFailed
@@ -141,7 +142,7 @@ def test_ctrl_c_to_the_whole_process_group_still_drains_in_flight_requests(tmp_p
 def _ready(url: str, proc: subprocess.Popen) -> bool:
     assert proc.poll() is None, proc.stdout.read()
     try:
-        return httpx.get(f"{url}/ready", timeout=1).status_code == 200
+        return probe.get(f"{url}/ready", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
 

@@ -49,6 +49,8 @@ sys.path.append(str(Path(__file__).resolve().parents[3] / "bench"))
 from _harness import SERVERS, process_tree, rss_mb, runtime_server  # noqa: E402
 from _load import Record, Shape, load  # noqa: E402
 
+from runtime_tests.helpers import probe
+
 SLOTS, QUEUE = 2, 2
 CLIENTS = 10 * (SLOTS + QUEUE)
 LOAD_SECONDS = float(os.environ.get("OVERLOAD_SECONDS", "15"))
@@ -97,7 +99,7 @@ def references() -> dict[Shape, str]:
 
 def metrics(url: str) -> dict[str, float]:
     """/metrics' samples by name with labels, e.g. 'vllm:request_success_total{finished_reason="abort",...}'."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = probe.get(f"{url}/metrics", timeout=10).text
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
             if line and not line.startswith("#")}
 
@@ -221,7 +223,7 @@ def wait_for_the_drain(url: str) -> float:
     """Polls /ready until it says the server is draining; returns the time.monotonic() of that answer: any request
     sent after it reaches a draining server."""
     deadline = time.monotonic() + 10
-    while (ready := httpx.get(f"{url}/ready", timeout=10)).status_code == 200 and time.monotonic() < deadline:
+    while (ready := probe.get(f"{url}/ready", timeout=10)).status_code == 200 and time.monotonic() < deadline:
         time.sleep(0.005)
     assert ready.json()["error"]["message"] == "not ready: draining for shutdown", ready.text
     return time.monotonic()

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from runtime_tests.helpers import probe
 from runtime_tests.helpers.fakes import MODEL, live_server, make_config
 from neuronmodel_runtime.config import default_model_path
 from neuronmodel_runtime.runners.cpu_threads import cgroup_cpu_quota
@@ -202,7 +203,7 @@ def server_process(cmd: list[str], port: int, startup_timeout: float) -> Iterato
 
     def ready():
         try:
-            return httpx.get(f"{url}/ready", timeout=1).status_code == 200
+            return probe.get(f"{url}/ready", timeout=1).status_code == 200
         except httpx.TransportError:
             assert proc.poll() is None, proc.stdout.read()
             return False
