@@ -11,13 +11,11 @@ are ours) and `runc` (the OCI runtime buildah runs RUN steps under, see RUNC_WRA
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 import debian_packages
+from children import die_with_parent
 from neuronmodel_runtime.artifacts.folder import install, staging, write_json
 
 #: Debian package -> a command it installs (present: nothing to do).
@@ -80,16 +79,11 @@ def run(cmd: list[str], *, check: bool = True, capture: bool = True, env: dict |
     prefix = [] if waited_on else ["nice", "-n", "10"]
     out = subprocess.run([*prefix, *cmd], env={**os.environ, **(env or {})}, cwd=cwd, input=input, text=True,
                          capture_output=capture, check=False, start_new_session=waited_on,
-                         preexec_fn=_die_with_parent if waited_on else None)
+                         preexec_fn=die_with_parent if waited_on else None)
     if check and out.returncode:
         tail = (out.stderr or "")[-4000:] + (out.stdout or "")[-2000:] if capture else ""
         raise RuntimeError(f"{' '.join(map(str, cmd))} exited {out.returncode}:\n{tail}")
     return out
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when the process that started it dies (a new session hears no Ctrl+C)."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def missing_packages() -> list[str]:

@@ -14,7 +14,6 @@ The scheduler has a second profile, `my-scheduler`, standing in for the Neuron s
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -29,6 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from children import die_with_parent
 from k8s import install, lws, nodes
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cluster"
@@ -58,11 +58,6 @@ def _same_binary(pid: int, binary: str) -> bool:
         return Path(os.readlink(f"/proc/{pid}/exe")).resolve() == Path(binary).resolve()
     except OSError:
         return False
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when the process that started it dies (even by SIGKILL)."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def scheduler_configuration(kubeconfig: Path) -> dict:
@@ -319,7 +314,7 @@ class ControlPlane:
         with open(self.data_dir / "logs" / f"{name}.log", "ab") as log:  # a restart appends
             proc = subprocess.Popen([binary, *args], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     env={**os.environ, **(env or {})}, start_new_session=True,
-                                    preexec_fn=_die_with_parent if self._die_with_parent else None)
+                                    preexec_fn=die_with_parent if self._die_with_parent else None)
         self._children[proc.pid] = proc
         pids = self._pids() | {name: (proc.pid, binary)}
         (self.data_dir / "pids.json").write_text(json.dumps(pids, indent=1))

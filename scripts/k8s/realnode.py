@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -50,6 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from children import die_with_parent
 from k8s import cluster, install, pause
 from k8s import realnode_config
 from k8s import realnode_host as host
@@ -348,7 +348,7 @@ class RealNode:
         proc = subprocess.Popen([sys.executable, "-m", "k8s.realnode", "reap", str(self.data_dir)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=open(self.data_dir / "logs" / "reaper.log", "wb"), env=env,
-                                start_new_session=True, preexec_fn=_pdeathsig)
+                                start_new_session=True, preexec_fn=die_with_parent)
         self._children.append(proc)
         self._record(reaper=proc.pid)
 
@@ -359,7 +359,7 @@ class RealNode:
         def preexec() -> None:
             host.join_cgroup(cgroup, "daemons")
             if die:
-                _pdeathsig()
+                die_with_parent()
 
         with open(self.data_dir / "logs" / f"{name}.log", "wb") as log:
             proc = subprocess.Popen([binary, *args], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -438,10 +438,6 @@ def _listening(sock: Path) -> bool:
             return True
         except OSError:
             return False
-
-
-def _pdeathsig() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _reap(data_dir: Path) -> None:

@@ -21,8 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import children
 from k8s import install
-from k8s.cluster import _die_with_parent, _free_port, _get
+from k8s.cluster import _free_port, _get
 
 START_TIMEOUT_S = 30
 
@@ -57,7 +58,7 @@ class Registry:
         with open(self.log, "wb") as log:
             self._process = subprocess.Popen([str(binary), "serve", str(config)], stdin=subprocess.DEVNULL,
                                              stdout=log, stderr=log, env=env, start_new_session=True,
-                                             preexec_fn=_die_with_parent if die_with_parent else None)
+                                             preexec_fn=children.die_with_parent if die_with_parent else None)
         deadline = time.monotonic() + START_TIMEOUT_S
         while _get(f"{self.url}/v2/")[0] != 200:
             if self._process.poll() is not None:
